@@ -1,0 +1,1 @@
+"""The competition pipeline: validate -> evaluate -> report -> ledger -> board."""

@@ -1,0 +1,26 @@
+"""`python -m pipeline <verb>`: every step of the competition's flow is one verb."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline import cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    for name, (register, run) in cli.VERBS.items():
+        sub = verbs.add_parser(name, help=run.__doc__.strip().splitlines()[0], description=run.__doc__)
+        register(sub)
+        sub.set_defaults(_run=run)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    return args._run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

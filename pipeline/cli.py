@@ -1,0 +1,146 @@
+"""The verbs of `python -m pipeline`. Each is thin: parse, call a stage, print, exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+USAGE_ERROR = 2
+
+
+def _usage(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("submission", type=Path, help="a submission.py defining custom_kernel(inputs)")
+    p.add_argument("--problem", help="the problem; inferred from submissions/kernel/<problem>/<login>/ paths")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the result document here")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when there is one")
+    p.add_argument("--model", choices=["full", "smoke"], help="default: full on cuda, smoke on cpu")
+    p.add_argument("--seeds", type=int, help="seeds per shape (default: 8 on a GPU, 3 on a CPU)")
+    p.add_argument("--shape", action="append", help="check only this shape (repeatable)")
+    p.add_argument("--no-timing", action="store_true", help="check correctness only")
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """Evaluate a kernel submission: correctness on every shape, then timing against the baseline.
+
+    Exit 0 when it passed, 1 when it failed, 2 on a usage error.
+    """
+    from pipeline.problems import ProblemError, infer_problem, list_problems, load_problem
+
+    if not args.submission.is_file():
+        return _usage(f"{args.submission}: no such file; pass the path of your submission.py")
+    name = args.problem or infer_problem(args.submission)
+    if not name:
+        return _usage(
+            f"cannot tell the problem of {args.submission}; pass --problem NAME "
+            f"(one of: {', '.join(list_problems())})"
+        )
+    try:
+        problem = load_problem(name)
+    except ProblemError as exc:
+        return _usage(str(exc))
+    if args.seeds is not None and args.seeds < 1:
+        return _usage("--seeds must be at least 1")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _usage("--device cuda, but this machine has no CUDA device")
+    if args.shape:
+        known = {s.name for s in problem.shapes("smoke")}
+        unknown = sorted(set(args.shape) - known)
+        if unknown:
+            return _usage(f"{problem.name} has no shape {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+    from pipeline import report
+    from pipeline.kernel.evaluate import Options, evaluate as run_evaluation
+    from pipeline.kernel.seeds import load_secret
+
+    options = Options(
+        device=args.device,
+        model=args.model,
+        seeds=args.seeds,
+        secret=load_secret(),
+        timing=not args.no_timing,
+        shapes=args.shape,
+    )
+    doc = run_evaluation(args.submission, problem, options)
+    print(report.terminal(doc))
+    if args.json:
+        from pipeline import result
+
+        result.write(doc, args.json)
+    return 0 if doc["status"] == "passed" else 1
+
+
+def _problems_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable")
+
+
+def problems(args: argparse.Namespace) -> int:
+    """List the kernel problems and their workloads."""
+    from pipeline.problems import list_problems, load_problem
+
+    out = {}
+    for name in list_problems():
+        p = load_problem(name)
+        out[name] = {"title": p.title, "workloads": [w["name"] for w in p.workloads], "tests": [t["name"] for t in p.tests]}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for name, info in out.items():
+            print(f"{name}: {info['title']}\n  workloads: {', '.join(info['workloads'])}\n  tests: {', '.join(info['tests'])}")
+    return 0
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--problem", action="append", help="only this problem (repeatable); default: all")
+    p.add_argument("--model", choices=["full", "smoke"], help="default: full on cuda, smoke on cpu")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per shape (default 2)")
+    p.add_argument("--write", type=Path, metavar="MD", help="write the markdown table here (docs/TOLERANCES.md)")
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    """Run the correct and wrong variants of each problem and tabulate their errors against the bounds.
+
+    Exit 1 when any correct variant fails or any wrong variant passes.
+    """
+    import torch
+
+    from pipeline.kernel.calibrate import calibrate as run, render
+    from pipeline.problems import ProblemError, list_problems, load_problem
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = args.model or ("full" if device == "cuda" else "smoke")
+    try:
+        problems = {n: load_problem(n) for n in (args.problem or list_problems())}
+    except ProblemError as exc:
+        return _usage(str(exc))
+    results = {}
+    for name, problem in problems.items():
+        results[name] = run(problem, model=model, device=device, seeds=args.seeds)
+        for r in results[name]:
+            print(f"{name:24s} {r.name:32s} {r.expect:8s} {'ok' if r.ok else 'WRONG VERDICT'}"
+                  f"{'  ' + r.error if r.error else ''}", flush=True)
+    command = "python -m pipeline calibrate" + (f" --model {model}" if args.model else "") + (
+        f" --seeds {args.seeds}" if args.seeds != 2 else "") + (f" --write {args.write}" if args.write else "")
+    text = render(results, problems, model, device, command)
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(text)
+    bad = [f"{n}/{r.name}" for n, rs in results.items() for r in rs if not r.ok]
+    if bad:
+        print("wrong verdicts: " + ", ".join(bad), file=sys.stderr)
+    return 1 if bad else 0
+
+
+VERBS = {
+    "calibrate": (_calibrate_args, calibrate),
+    "evaluate": (_evaluate_args, evaluate),
+    "problems": (_problems_args, problems),
+}

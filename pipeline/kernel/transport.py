@@ -1,0 +1,166 @@
+"""How tensors cross between the evaluator (parent) and the submission's process (child).
+
+The child runs a stranger's code, so nothing it writes is ever unpickled: a bundle is a JSON header
+(names, dtypes from an allow-list, shapes, byte offsets) followed by the raw bytes of each tensor,
+and the reader checks every size against the file before it touches a byte. Scalars travel in the
+header. Files live in the run's scratch folder (tmpfs where there is room).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"MUSEBNDL"
+MAX_HEADER = 1 << 20
+DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class BundleError(ValueError):
+    pass
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise BundleError(f"dtype {dtype} is not allowed across the process boundary") from None
+
+
+def _raw_bytes(t: torch.Tensor) -> memoryview:
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def write_bundle(path: Path, values: dict[str, Any]) -> None:
+    entries: dict[str, Any] = {}
+    blobs: list[memoryview] = []
+    offset = 0
+    for name, value in values.items():
+        if isinstance(value, torch.Tensor):
+            raw = _raw_bytes(value)
+            entries[name] = {
+                "tensor": True,
+                "dtype": dtype_name(value.dtype),
+                "shape": list(value.shape),
+                "offset": offset,
+                "nbytes": len(raw),
+            }
+            blobs.append(raw)
+            offset += len(raw)
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            entries[name] = {"tensor": False, "value": value}
+        else:
+            raise BundleError(f"{name}: cannot send a {type(value).__name__}")
+    header = json.dumps(entries).encode()
+    with open(path, "wb") as f:
+        f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+        for blob in blobs:
+            f.write(blob)
+
+
+def read_bundle(path: Path, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Parse a bundle written by either side, trusting nothing in it."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC) + 8)
+        if len(head) != len(MAGIC) + 8 or head[: len(MAGIC)] != MAGIC:
+            raise BundleError(f"{path.name}: not a tensor bundle")
+        (hlen,) = struct.unpack("<Q", head[len(MAGIC) :])
+        if hlen > MAX_HEADER or hlen > size:
+            raise BundleError(f"{path.name}: header of {hlen} bytes is too large")
+        try:
+            entries = json.loads(f.read(hlen))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BundleError(f"{path.name}: unreadable header: {exc}") from None
+        base = len(MAGIC) + 8 + hlen
+        if not isinstance(entries, dict):
+            raise BundleError(f"{path.name}: header is not an object")
+        out: dict[str, Any] = {}
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > base else None
+        try:
+            for name, e in entries.items():
+                if not isinstance(e, dict):
+                    raise BundleError(f"{path.name}: entry {name!r} is malformed")
+                if not e.get("tensor"):
+                    value = e.get("value")
+                    if not isinstance(value, (bool, int, float, str)) and value is not None:
+                        raise BundleError(f"{path.name}: entry {name!r} has a non-scalar value")
+                    out[name] = value
+                    continue
+                dtype = DTYPES.get(e.get("dtype"))
+                shape = e.get("shape")
+                offset, nbytes = e.get("offset"), e.get("nbytes")
+                if dtype is None:
+                    raise BundleError(f"{path.name}: {name!r} has a disallowed dtype {e.get('dtype')!r}")
+                if (
+                    not isinstance(shape, list)
+                    or not all(isinstance(d, int) and d >= 0 for d in shape)
+                    or not isinstance(offset, int)
+                    or not isinstance(nbytes, int)
+                    or offset < 0
+                ):
+                    raise BundleError(f"{path.name}: {name!r} has a malformed shape or offset")
+                numel = 1
+                for d in shape:
+                    numel *= d
+                itemsize = torch.empty((), dtype=dtype).element_size()
+                if numel * itemsize != nbytes or base + offset + nbytes > size:
+                    raise BundleError(f"{path.name}: {name!r} claims {nbytes} bytes that the file does not hold")
+                if nbytes == 0:
+                    out[name] = torch.empty(shape, dtype=dtype, device=device)
+                    continue
+                raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=base + offset)
+                t = raw.clone()
+                del raw  # the mmap cannot close while a tensor still exports it
+                out[name] = t.view(dtype).reshape(shape).to(device)
+        finally:
+            if mm is not None:
+                mm.close()
+    return out
+
+
+_CHUNK = 1 << 24
+
+
+def fingerprint(t: torch.Tensor) -> str:
+    """An exact, order-sensitive digest of a tensor's bits, computed where the tensor lives.
+
+    Integer arithmetic wraps identically on every device and in any reduction order, so the parent
+    (holding the pristine input) and the child (holding the input after the call) get the same
+    value exactly when no bit changed, without shipping the tensor back.
+    """
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    bits = flat.view(_INT_VIEW[flat.element_size()])
+    plain = torch.zeros((), dtype=torch.int64, device=flat.device)
+    weighted = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for start in range(0, bits.numel(), _CHUNK):
+        chunk = bits[start : start + _CHUNK].to(torch.int64)
+        pos = torch.arange(start, start + chunk.numel(), device=flat.device, dtype=torch.int64)
+        plain += chunk.sum()
+        weighted += (chunk * (pos % 1_000_003 + 1) ^ (pos * 0x9E3779B1)).sum()
+    return f"{dtype_name(t.dtype)}:{list(t.shape)}:{int(plain)}:{int(weighted)}"
+
+
+def fingerprints(values: dict[str, Any]) -> dict[str, str]:
+    return {k: fingerprint(v) if isinstance(v, torch.Tensor) else repr(v) for k, v in values.items()}

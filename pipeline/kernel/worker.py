@@ -1,0 +1,192 @@
+"""The child process that runs a submission. Started fresh for every evaluation by `evaluate`.
+
+It never sees a seed, a reference output or any state of the parent: inputs arrive as tensor bundles
+in its scratch folder, requests and replies are JSON lines on two private pipes, and whatever the
+submission prints goes to a log file that the parent reads only as text. Run as a script
+(`python -I worker.py`), so that neither the environment nor the current directory shapes imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from pipeline.kernel.transport import fingerprints, read_bundle, write_bundle  # noqa: E402
+
+TAIL_LINES = 40
+
+
+def _submission_frame(tb: traceback.StackSummary, submission: str) -> dict | None:
+    frames = [f for f in tb if os.path.abspath(f.filename) == submission]
+    if not frames:
+        return None
+    f = frames[-1]
+    return {"file": Path(submission).name, "line": f.lineno, "function": f.name, "code": (f.line or "").strip()}
+
+
+def _error(status: str, exc: BaseException, submission: str) -> dict:
+    tb = traceback.extract_tb(exc.__traceback__)
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    where = _submission_frame(tb, submission)
+    if where is None and isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == submission:
+        where = {"file": Path(submission).name, "line": exc.lineno, "function": "<module>", "code": (exc.text or "").strip()}
+    message = f"{type(exc).__name__}: {exc}"
+    return {
+        "ok": False,
+        "status": status,
+        "error": message[:2000],
+        "where": where,
+        "traceback": "\n".join(text.splitlines()[-TAIL_LINES:]),
+    }
+
+
+def _is_compile_failure(exc: BaseException) -> bool:
+    # Triton compiles at the first call; a kernel that does not compile is a compile error, not a crash.
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources"})
+
+
+class Worker:
+    def __init__(self, device: str, scratch: Path):
+        self.device = torch.device(device)
+        self.scratch = scratch
+        self.targets: dict[str, object] = {}
+        self.submission_path = ""
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _load_module(self, name: str, path: str):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    def load(self, req: dict) -> dict:
+        self.submission_path = os.path.abspath(req["submission"])
+        if req.get("reference"):
+            ref = self._load_module("_muse_baseline", req["reference"])
+            self.targets["baseline"] = ref.baseline
+        try:
+            module = self._load_module("submission", self.submission_path)
+            fn = getattr(module, "custom_kernel", None)
+            if not callable(fn):
+                return {
+                    "ok": False,
+                    "status": "compile_error",
+                    "error": "the submission defines no function custom_kernel(inputs)",
+                    "where": {"file": Path(self.submission_path).name, "line": None, "function": None, "code": ""},
+                    "traceback": "",
+                }
+            self.targets["submission"] = fn
+        except BaseException as exc:  # noqa: BLE001 - anything the submission raises is its verdict
+            return _error("compile_error", exc, self.submission_path)
+        return {"ok": True}
+
+    def _poison(self, nbytes: int) -> None:
+        # Fill the blocks the allocator will hand out next with NaN, so a submission that returns
+        # uninitialised memory cannot pass on what an earlier call left there.
+        if nbytes <= 0:
+            return
+        n = max(1, math.ceil(nbytes / 4))
+        blocks = [torch.full((n,), float("nan"), dtype=torch.float32, device=self.device) for _ in range(4)]
+        blocks.append(torch.full((2 * n,), float("nan"), dtype=torch.float32, device=self.device))
+        self.sync()
+        del blocks
+
+    def _call(self, target: str, inputs: dict):
+        fn = self.targets[target]
+        return fn(inputs)
+
+    def call(self, req: dict) -> dict:
+        inputs = read_bundle(self.scratch / req["inputs"], self.device)
+        self._poison(int(req.get("poison_bytes", 0)))
+        self.sync()
+        start = time.perf_counter()
+        try:
+            out = self._call(req["target"], inputs)
+            self.sync()
+        except BaseException as exc:  # noqa: BLE001
+            status = "compile_error" if _is_compile_failure(exc) else "runtime_error"
+            return _error(status, exc, self.submission_path)
+        seconds = time.perf_counter() - start
+        reply: dict = {"ok": True, "seconds": seconds}
+        if type(out) is not torch.Tensor:
+            reply["output_error"] = f"custom_kernel returned a {type(out).__module__}.{type(out).__qualname__}, expected a torch.Tensor"
+            out = None
+        inplace = list(req.get("inplace", []))
+        bundle = {name: inputs[name] for name in inplace}
+        if out is not None:
+            if out.device != self.device:
+                reply["output_error"] = f"output is on {out.device}, expected {self.device}"
+            elif not out.is_contiguous():
+                reply["output_error"] = f"output is not contiguous (strides {list(out.stride())})"
+            else:
+                bundle["output"] = out
+        write_bundle(self.scratch / req["output"], bundle)
+        reply["fingerprints"] = fingerprints({k: v for k, v in inputs.items() if k not in inplace})
+        return reply
+
+    def time(self, req: dict) -> dict:
+        """Wall-clock timing for CPU mode and the pre-official GPU path: a rough, unofficial figure."""
+        inputs = read_bundle(self.scratch / req["inputs"], self.device)
+        fn = self.targets[req["target"]]
+        try:
+            for _ in range(int(req.get("warmup", 3))):
+                fn(inputs)
+            self.sync()
+            samples: list[float] = []
+            budget = float(req.get("seconds", 0.5))
+            t_end = time.perf_counter() + budget
+            while len(samples) < int(req.get("min_samples", 5)) or (
+                time.perf_counter() < t_end and len(samples) < int(req.get("max_samples", 200))
+            ):
+                t0 = time.perf_counter()
+                fn(inputs)
+                self.sync()
+                samples.append((time.perf_counter() - t0) * 1e6)
+        except BaseException as exc:  # noqa: BLE001
+            return _error("runtime_error", exc, self.submission_path)
+        return {"ok": True, "samples_us": samples}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--req-fd", type=int, required=True)
+    parser.add_argument("--resp-fd", type=int, required=True)
+    parser.add_argument("--scratch", required=True)
+    parser.add_argument("--device", required=True)
+    args = parser.parse_args()
+    requests = os.fdopen(args.req_fd, "r", buffering=1)
+    replies = os.fdopen(args.resp_fd, "w", buffering=1)
+    worker = Worker(args.device, Path(args.scratch))
+    ops = {"load": worker.load, "call": worker.call, "time": worker.time}
+    for line in requests:
+        req = json.loads(line)
+        if req.get("op") == "exit":
+            break
+        try:
+            reply = ops[req["op"]](req)
+        except BaseException as exc:  # noqa: BLE001 - the harness's own failure, reported not raised
+            reply = _error("runtime_error", exc, worker.submission_path)
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    replies.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""Problems are data: `problems/model.toml` plus `problems/<name>/problem.toml`.
+
+This module turns that data into `Problem` and `Shape` objects and loads the problem's reference
+module (`reference/<name>.py`). Nothing here knows any particular problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_SIZES = ("full", "smoke")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_ENTRY_KEYS_RESERVED = {"name", "smoke", "note"}
+_TOLERANCE_KEYS = {"atol", "rtol", "rel_l2", "min_match", "max_abs"}
+
+
+class ProblemError(ValueError):
+    """A problem definition (organizer data) that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    rel_l2: float
+    min_match: float = 1.0
+    max_abs: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    kind: str  # "workload" (timed and scored) or "test" (checked only)
+    model: str  # "full" or "smoke"
+    params: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.params[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.params.get(key, default)
+
+
+@dataclass
+class Problem:
+    name: str
+    title: str
+    directory: Path
+    reference_path: Path
+    inplace: tuple[str, ...]
+    tolerances: dict[str, Tolerance]
+    workloads: list[dict[str, Any]]
+    tests: list[dict[str, Any]]
+    model: dict[str, dict[str, Any]]
+    official_seeds: int = 8
+    _reference: ModuleType | None = field(default=None, repr=False)
+
+    def shapes(self, model: str = "full", kinds: tuple[str, ...] = ("workload", "test")) -> list[Shape]:
+        if model not in MODEL_SIZES:
+            raise ProblemError(f"unknown model size {model!r}; use one of {MODEL_SIZES}")
+        out = []
+        for kind, entries in (("workload", self.workloads), ("test", self.tests)):
+            if kind not in kinds:
+                continue
+            for entry in entries:
+                params = dict(self.model[model])
+                params.update({k: v for k, v in entry.items() if k not in _ENTRY_KEYS_RESERVED})
+                if model == "smoke":
+                    params.update(entry.get("smoke", {}))
+                out.append(Shape(entry["name"], kind, model, params))
+        return out
+
+    def shape(self, name: str, model: str = "full") -> Shape:
+        for s in self.shapes(model):
+            if s.name == name:
+                return s
+        raise ProblemError(f"{self.name} has no shape named {name!r}")
+
+    @property
+    def reference(self) -> ModuleType:
+        if self._reference is None:
+            self._reference = load_reference(self.reference_path, self.name)
+        return self._reference
+
+
+def load_reference(path: Path, name: str) -> ModuleType:
+    module_name = f"_muse_reference_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ProblemError(f"cannot load the reference {path}")
+    module = importlib.util.module_from_spec(spec)
+    # The layer references import the building blocks of the smaller problems.
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    for fn in ("make_inputs", "reference", "baseline", "floor"):
+        if not callable(getattr(module, fn, None)):
+            raise ProblemError(f"{path} must define {fn}()")
+    return module
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProblemError(f"{path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProblemError(f"{path}: invalid TOML: {exc}") from None
+
+
+def load_model(root: Path = REPO_ROOT) -> dict[str, dict[str, Any]]:
+    path = root / "problems" / "model.toml"
+    data = _read_toml(path)
+    for size in MODEL_SIZES:
+        if size not in data:
+            raise ProblemError(f"{path} must have a [{size}] table")
+    return {size: dict(data[size]) for size in MODEL_SIZES}
+
+
+def _tolerance(path: Path, key: str, raw: dict[str, Any]) -> Tolerance:
+    unknown = set(raw) - _TOLERANCE_KEYS
+    if unknown:
+        raise ProblemError(f"{path}: [tolerance.{key}] has unknown keys {sorted(unknown)}")
+    for need in ("atol", "rtol", "rel_l2"):
+        if need not in raw:
+            raise ProblemError(f"{path}: [tolerance.{key}] needs {need}")
+    tol = Tolerance(
+        atol=float(raw["atol"]),
+        rtol=float(raw["rtol"]),
+        rel_l2=float(raw["rel_l2"]),
+        min_match=float(raw.get("min_match", 1.0)),
+        max_abs=float(raw["max_abs"]) if "max_abs" in raw else None,
+    )
+    if not (0 < tol.min_match <= 1) or min(tol.atol, tol.rtol, tol.rel_l2) < 0:
+        raise ProblemError(f"{path}: [tolerance.{key}] has an out-of-range bound")
+    return tol
+
+
+def load_problem(name: str, root: Path = REPO_ROOT) -> Problem:
+    if not _NAME_RE.match(name or ""):
+        raise ProblemError(f"{name!r} is not a problem name (lowercase letters, digits, underscores)")
+    directory = root / "problems" / name
+    if not directory.is_dir():
+        known = ", ".join(list_problems(root)) or "none"
+        raise ProblemError(f"unknown problem {name!r}; known problems: {known}")
+    path = directory / "problem.toml"
+    data = _read_toml(path)
+    if data.get("name") != name:
+        raise ProblemError(f"{path}: name = {data.get('name')!r} does not match its folder {name!r}")
+    inplace = tuple(data.get("inplace", []))
+    tolerances = {k: _tolerance(path, k, v) for k, v in data.get("tolerance", {}).items()}
+    if "output" not in tolerances:
+        raise ProblemError(f"{path}: needs a [tolerance.output] table")
+    for key in inplace:
+        if key not in tolerances:
+            raise ProblemError(f"{path}: in-place input {key!r} needs a [tolerance.{key}] table")
+    workloads = list(data.get("workload", []))
+    tests = list(data.get("test", []))
+    if not workloads:
+        raise ProblemError(f"{path}: needs at least one [[workload]]")
+    seen: set[str] = set()
+    for entry in workloads + tests:
+        shape_name = entry.get("name")
+        if not shape_name or shape_name in seen:
+            raise ProblemError(f"{path}: every shape needs a unique name (got {shape_name!r})")
+        seen.add(shape_name)
+    problem = Problem(
+        name=name,
+        title=data.get("title", name),
+        directory=directory,
+        reference_path=root / "reference" / f"{name}.py",
+        inplace=inplace,
+        tolerances=tolerances,
+        workloads=workloads,
+        tests=tests,
+        model=load_model(root),
+        official_seeds=int(data.get("official_seeds", 8)),
+    )
+    if not problem.reference_path.is_file():
+        raise ProblemError(f"problem {name!r} has no reference at {problem.reference_path}")
+    return problem
+
+
+def list_problems(root: Path = REPO_ROOT) -> list[str]:
+    base = root / "problems"
+    if not base.is_dir():
+        return []
+    return sorted(p.name for p in base.iterdir() if (p / "problem.toml").is_file())
+
+
+def infer_problem(submission: Path, root: Path = REPO_ROOT) -> str | None:
+    """The problem named by a `submissions/kernel/<problem>/<login>/submission.py` path, if any."""
+    parts = submission.resolve().parts
+    for i in range(len(parts) - 3):
+        if parts[i] == "submissions" and parts[i + 1] == "kernel":
+            return parts[i + 2]
+    return None
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
