@@ -88,7 +88,7 @@ class Child:
             env["TRITON_INTERPRET"] = "1"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(WORKER), "--req-fd", str(req_r), "--resp-fd", str(resp_w),
+            [sys.executable, "-I", "-u", str(WORKER), "--req-fd", str(req_r), "--resp-fd", str(resp_w),
              "--scratch", str(scratch), "--device", device],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -353,6 +353,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             current_shape = None
             _time_workloads(child, problem, [s for s in shapes if s.kind == "workload"], device, opts, doc, fail)
     except TimeoutError:
+        child.kill()
         limit = "the 15-minute total" if time.monotonic() >= deadline else "its time limit"
         fail("timeout", {"error": f"the submission did not answer within {limit} (shape {current_shape})"})
     except ChildFailure as exc:

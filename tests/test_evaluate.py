@@ -1,0 +1,191 @@
+"""The evaluator against submissions that misbehave in every way a competitor's code can.
+
+Each runs the real evaluator: a real spawned child, real pipes, real files. The evaluator must give
+the right status, point at the submission's own line where there is one, and never crash or hang.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline import result
+from pipeline.kernel.evaluate import Limits, Options, evaluate
+from pipeline.problems import load_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "tests" / "fixtures" / "submissions"
+PROJ = load_problem("muse_bf16_proj")
+
+
+def run(name: str, **kw) -> dict:
+    opts = Options(seeds=kw.pop("seeds", 1), timing=kw.pop("timing", False), **kw)
+    doc = evaluate(FIX / name, PROJ, opts)
+    result.validate(doc)
+    return doc
+
+
+def test_exception_is_a_runtime_error_pointing_at_the_submission_line():
+    doc = run("raises.py")
+    assert doc["status"] == "runtime_error"
+    assert "ValueError: boom from the submission" in doc["error"]["message"]
+    where = doc["error"]["where"]
+    assert where["file"] == "raises.py" and where["line"] == 5 and where["function"] == "helper"
+    assert doc["error"]["shape"] == "M1"
+
+
+def test_syntax_error_is_a_compile_error_with_its_line():
+    doc = run("syntax_error.py")
+    assert doc["status"] == "compile_error"
+    assert "SyntaxError" in doc["error"]["message"]
+    assert doc["error"]["where"]["line"] == 1
+
+
+def test_missing_custom_kernel_is_a_compile_error_that_says_so():
+    doc = run("no_custom_kernel.py")
+    assert doc["status"] == "compile_error"
+    assert "custom_kernel" in doc["error"]["message"]
+
+
+def test_import_error_is_a_compile_error():
+    doc = run("import_error.py")
+    assert doc["status"] == "compile_error"
+    assert "a_module_that_does_not_exist" in doc["error"]["message"]
+
+
+def test_sys_exit_at_import_is_a_compile_error():
+    assert run("sys_exit_at_import.py")["status"] == "compile_error"
+
+
+def test_infinite_loop_times_out_and_the_process_is_killed():
+    t0 = time.monotonic()
+    doc = run("infinite_loop.py", limits=Limits(first_call=3, call=3))
+    assert doc["status"] == "timeout"
+    assert time.monotonic() - t0 < 30
+
+
+def test_os_exit_zero_mid_call_is_a_runtime_error():
+    doc = run("os_exit.py")
+    assert doc["status"] == "runtime_error"
+    assert "exited with code 0" in doc["error"]["message"]
+
+
+def test_segfault_is_a_runtime_error_naming_the_signal():
+    doc = run("segfault.py")
+    assert doc["status"] == "runtime_error"
+    assert "SIGSEGV" in doc["error"]["message"]
+
+
+def test_junk_on_stdout_changes_nothing_and_is_kept_as_log():
+    doc = run("junk_stdout.py")
+    assert doc["status"] == "passed"
+
+
+def test_junk_on_stdout_shows_in_the_log_tail_of_a_failure(tmp_path):
+    sub = tmp_path / "noisy.py"
+    sub.write_text("print('hello from the submission')\n\ndef custom_kernel(inputs):\n    raise RuntimeError('x')\n")
+    doc = evaluate(sub, PROJ, Options(seeds=1, timing=False))
+    assert doc["status"] == "runtime_error"
+    assert "hello from the submission" in doc["error"]["log_tail"]
+
+
+@pytest.mark.parametrize(
+    "name,needle",
+    [
+        ("returns_list.py", "returned a builtins.list"),
+        ("writes_input.py", "modified its inputs: x"),
+        ("nan_output.py", "NaN/Inf"),
+        ("zeros.py", "all zeros"),
+        ("wrong_dtype.py", "dtype torch.float32"),
+        ("noncontiguous.py", "not contiguous"),
+    ],
+)
+def test_wrong_outputs_are_incorrect_with_a_reason(name, needle):
+    doc = run(name)
+    assert doc["status"] == "incorrect"
+    failed = [e for e in doc["correctness"] if not e["passed"]]
+    assert failed and needle in failed[0]["reason"], failed[0]["reason"]
+    assert failed[0]["failed_seed_index"] == 0
+
+
+def test_a_failure_on_one_test_shape_is_reported_for_that_shape_only():
+    doc = run("wrong_on_some_shapes.py")
+    assert doc["status"] == "incorrect"
+    verdicts = {e["shape"]: e["passed"] for e in doc["correctness"]}
+    assert verdicts == {"M1": True, "M16": True, "M32": True, "M2": True, "M7": False, "M33": True, "M64": True}
+    bad = next(e for e in doc["correctness"] if e["shape"] == "M7")
+    assert bad["outputs"]["output"]["worst"]["index"][0] < 7
+
+
+def test_seeds_are_counted_never_recorded():
+    doc = run(str(ROOT / "problems" / "muse_bf16_proj" / "template.py"), seeds=2)
+    assert doc["status"] == "passed"
+    assert all(e["seeds"] == 2 for e in doc["correctness"])
+    text = json.dumps(doc)
+    from pipeline.kernel.seeds import public_seed
+
+    assert str(public_seed("muse_bf16_proj", "M1", 0)) not in text
+
+
+def test_secret_seeds_change_the_inputs_and_are_marked(tmp_path):
+    doc = evaluate(ROOT / "problems" / "muse_bf16_proj" / "template.py", PROJ,
+                   Options(seeds=1, timing=False, secret=b"0123456789abcdef-secret"))
+    assert doc["status"] == "passed" and doc["mode"]["seeds"] == "secret"
+
+
+def test_timing_produces_a_score_marked_unofficial():
+    doc = run(str(ROOT / "problems" / "muse_bf16_proj" / "template.py"), timing=True)
+    assert doc["official"] is False
+    assert [p["workload"] for p in doc["performance"]] == ["M1", "M16", "M32"]
+    for p in doc["performance"]:
+        assert p["median_us"] > 0 and p["baseline_median_us"] > 0 and p["n"] >= 5
+        assert abs(p["speedup"] - p["baseline_median_us"] / p["median_us"]) < 1e-9
+    assert doc["score"]["speedup"] > 0
+
+
+CLI = [sys.executable, "-m", "pipeline", "evaluate"]
+
+
+def cli(*args, cwd=ROOT):
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_cli_exit_codes_and_json(tmp_path):
+    out = tmp_path / "r.json"
+    ok = cli(ROOT / "problems/muse_bf16_proj/template.py", "--problem", "muse_bf16_proj", "--seeds", "1",
+             "--no-timing", "--json", out)
+    assert ok.returncode == 0, ok.stderr
+    assert "verdict: PASSED" in ok.stdout
+    assert result.read(out)["status"] == "passed"
+    bad = cli(FIX / "raises.py", "--problem", "muse_bf16_proj", "--seeds", "1", "--no-timing")
+    assert bad.returncode == 1
+    assert "raises.py:5" in bad.stdout and "verdict: RUNTIME ERROR" in bad.stdout
+
+
+def test_cli_infers_the_problem_from_a_submission_path(tmp_path):
+    sub = tmp_path / "submissions" / "kernel" / "muse_bf16_proj" / "alice" / "submission.py"
+    sub.parent.mkdir(parents=True)
+    sub.write_text((ROOT / "problems/muse_bf16_proj/template.py").read_text())
+    r = cli(sub, "--seeds", "1", "--no-timing")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "muse_bf16_proj" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["nope.py", "--problem", "muse_bf16_proj"], "no such file"),
+        (["problems/muse_bf16_proj/template.py"], "pass --problem"),
+        (["problems/muse_bf16_proj/template.py", "--problem", "muse_nonexistent"], "unknown problem"),
+        (["problems/muse_bf16_proj/template.py", "--problem", "muse_bf16_proj", "--shape", "M3"], "no shape M3"),
+    ],
+)
+def test_cli_usage_errors_exit_2_with_a_message(args, needle):
+    r = cli(*args)
+    assert r.returncode == 2
+    assert needle in r.stderr

@@ -1,0 +1,64 @@
+"""Every problem, generically: its data loads, its template passes the real evaluator, and its
+calibration variants get the verdicts they should (correct ones pass, wrong ones fail)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.kernel.calibrate import run_variant, variants
+from pipeline.kernel.evaluate import Options, evaluate
+from pipeline.problems import list_problems, load_problem
+
+PROBLEMS = list_problems()
+MODEL = "full" if torch.cuda.is_available() else "smoke"
+
+
+def test_the_five_problems_exist():
+    assert {"muse_bf16_proj", "muse_attention_decode", "muse_moe_w4a16", "muse_decode_layer",
+            "muse_prefill_layer"} <= set(PROBLEMS)
+
+
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_problem_data_is_complete(name):
+    problem = load_problem(name)
+    for f in ("problem.toml", "README.md", "template.py"):
+        assert (problem.directory / f).is_file(), f
+    ref = problem.reference
+    for size in ("full", "smoke"):
+        for shape in problem.shapes(size):
+            floor = ref.floor(shape)
+            assert floor["bytes"] > 0 and floor["flops"] > 0, shape.name
+    if problem.inplace:
+        assert callable(getattr(ref, "written", None)), "in-place problems must say which slots they write"
+
+
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_template_passes_the_evaluator(name):
+    problem = load_problem(name)
+    doc = evaluate(problem.directory / "template.py", problem, Options(seeds=1 if MODEL == "full" else 2, timing=False))
+    failures = [(e["shape"], e["reason"]) for e in doc["correctness"] if not e["passed"]]
+    assert doc["status"] == "passed", (doc["error"], failures)
+    assert len(doc["correctness"]) == len(problem.shapes(MODEL))
+
+
+CASES = [(name, path) for name in PROBLEMS for path in variants(name)]
+
+
+@pytest.mark.parametrize("name,path", CASES, ids=[f"{n}/{p.stem}" for n, p in CASES])
+def test_calibration_variant_gets_its_verdict(name, path):
+    problem = load_problem(name)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    report = run_variant(problem, path, MODEL, device, seeds=1)
+    assert report.error is None, report.error
+    if report.expect == "correct":
+        assert report.passed_all, f"a correct implementation failed on {report.failed_shapes}: {report.worst}"
+    else:
+        assert not report.passed_all, f"a wrong implementation passed every shape: {report.worst}"
+
+
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_each_problem_has_three_correct_and_three_wrong_variants(name):
+    found = variants(name)
+    assert sum(p.stem.startswith("correct_") for p in found) >= 3
+    assert sum(p.stem.startswith("wrong_") for p in found) >= 3
