@@ -61,6 +61,8 @@ def _is_compile_failure(exc: BaseException) -> bool:
 class Worker:
     def __init__(self, device: str, scratch: Path):
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.scratch = scratch
         self.targets: dict[str, object] = {}
         self.submission_path = ""
