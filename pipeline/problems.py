@@ -204,11 +204,14 @@ def list_problems(root: Path = REPO_ROOT) -> list[str]:
 
 
 def infer_problem(submission: Path, root: Path = REPO_ROOT) -> str | None:
-    """The problem named by a `submissions/kernel/<problem>/<login>/submission.py` path, if any."""
+    """The problem named by a `submissions/kernel/<problem>/<login>/submission.py` path (or a
+    problem's own `problems/<problem>/template.py`), if any."""
     parts = submission.resolve().parts
     for i in range(len(parts) - 3):
         if parts[i] == "submissions" and parts[i + 1] == "kernel":
             return parts[i + 2]
+    if len(parts) >= 3 and parts[-3] == "problems" and parts[-1] == "template.py":
+        return parts[-2]
     return None
 
 

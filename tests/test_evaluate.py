@@ -180,7 +180,7 @@ def test_cli_infers_the_problem_from_a_submission_path(tmp_path):
     "args,needle",
     [
         (["nope.py", "--problem", "muse_bf16_proj"], "no such file"),
-        (["problems/muse_bf16_proj/template.py"], "pass --problem"),
+        (["tests/fixtures/submissions/raises.py"], "pass --problem"),
         (["problems/muse_bf16_proj/template.py", "--problem", "muse_nonexistent"], "unknown problem"),
         (["problems/muse_bf16_proj/template.py", "--problem", "muse_bf16_proj", "--shape", "M3"], "no shape M3"),
     ],
