@@ -1,0 +1,47 @@
+"""Static checks flag the suspicious and leave honest kernels alone."""
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.kernel.static import scan
+
+ROOT = Path(__file__).resolve().parent.parent
+HONEST = sorted(ROOT.glob("problems/*/template.py")) + sorted(ROOT.glob("tests/calibration/*/correct_*.py"))
+
+
+@pytest.mark.parametrize("path", HONEST, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_honest_kernels_raise_no_flag(path):
+    assert scan(path.read_text()) == []
+
+
+@pytest.mark.parametrize(
+    "source,code,line",
+    [
+        ("import threading\n", "threads", 1),
+        ("from concurrent.futures import ThreadPoolExecutor\n", "threads", 1),
+        ("import subprocess\n", "subprocess", 1),
+        ("import os\nos.system('ls')\n", "subprocess", 2),
+        ("import socket\n", "network", 1),
+        ("import ctypes\n", "ctypes", 1),
+        ("import gc\n", "introspection", 1),
+        ("import sys\nx = sys.modules['pipeline']\n", "introspection", 2),
+        ("import inspect\n", "introspection", 1),
+        ("import os\nseed = os.environ.get('SEED')\n", "environment", 2),
+        ("from os import environ\n", "environment", 1),
+        ("import torch\ns = torch.cuda.Stream()\n", "streams", 2),
+        ("import torch\ntorch.cuda.Event.elapsed_time = lambda *a: 0.001\n", "monkeypatch", 2),
+        ("import torch as T\nT.matmul = None\n", "monkeypatch", 2),
+        ("import pipeline.kernel.timing as t\n", "harness", 1),
+        ("import os\nos.write(4, b'x')\n", "file_descriptors", 2),
+        ("def f():\n    return globals()\n", "introspection", 2),
+        ("import torch\nsetattr(torch, 'mm', None)\n", "monkeypatch", 2),
+    ],
+)
+def test_suspicious_code_is_flagged_at_its_line(source, code, line):
+    flags = scan(source)
+    assert any(f.code == code and f.line == line for f in flags), flags
+
+
+def test_unparseable_source_is_left_to_the_evaluator():
+    assert scan("def f(:\n") == []
