@@ -170,54 +170,66 @@ class Worker:
     # ---- the official GPU method (timing.py); one workload at a time ----
 
     def bench_prepare(self, req: dict) -> dict:
+        """Load the input sets, warm both functions up (compilation and autotuning happen here and
+        never later) and estimate each one's per-call time from a short trial graph."""
         from pipeline.kernel import timing
 
         self.bench: dict = {}
         self.sets = [read_bundle(self.scratch / f, self.device) for f in req["inputs"]]
         self.stream = torch.cuda.Stream(self.device)
-        calls = {}
+        estimates = {}
         for target in ("baseline", "submission"):
             fn = self.targets[target]
             try:
-                for j in range(max(3, len(self.sets))):  # compilation and autotuning happen here, never later
+                for j in range(max(3, len(self.sets))):
                     fn(self.sets[j % len(self.sets)])
                 self.sync()
                 trial = timing.capture(fn, self.sets, len(self.sets) * 2, self.stream)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                per_call = min(timing.replay_us(trial, start, end) for _ in range(3))
+                estimates[target] = min(timing.replay_us(trial, start, end) for _ in range(3))
                 del trial
-                k = timing.choose_calls(per_call, len(self.sets))
-                self.bench[target] = timing.capture(fn, self.sets, k, self.stream)
+            except BaseException as exc:  # noqa: BLE001
+                if target == "baseline":
+                    raise
+                return self._capture_failure(exc)
+        return {"ok": True, "per_call_us": estimates}
+
+    def _capture_failure(self, exc: BaseException) -> dict:
+        reply = _error("compile_error" if _is_compile_failure(exc) else "runtime_error", exc, self.submission_path)
+        reply["error"] = "while warming up and capturing a CUDA graph of custom_kernel: " + reply["error"]
+        return reply
+
+    def bench_capture(self, req: dict) -> dict:
+        """Capture one graph per target with exactly the number of calls the parent chose."""
+        from pipeline.kernel import timing
+
+        for target in ("baseline", "submission"):
+            try:
+                self.bench[target] = timing.capture(self.targets[target], self.sets, int(req["calls"][target]), self.stream)
                 self.sync()
             except BaseException as exc:  # noqa: BLE001
                 if target == "baseline":
                     raise
-                reply = _error("compile_error" if _is_compile_failure(exc) else "runtime_error", exc, self.submission_path)
-                reply["error"] = "while warming up and capturing a CUDA graph of custom_kernel: " + reply["error"]
-                return reply
-            calls[target] = k
-        return {"ok": True, "calls": calls}
+                return self._capture_failure(exc)
+        return {"ok": True}
 
     def bench_measure(self, req: dict) -> dict:
+        """One round: exactly `replays` timed replays of each graph, in the order the parent says."""
         from pipeline.kernel import timing
 
-        clocks = timing.Clocks(self.device.index or 0)
+        if not hasattr(self, "clocks"):
+            self.clocks = timing.Clocks(self.device.index or 0)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples: dict[str, list[float]] = {"baseline": [], "submission": []}
-        replays = {"baseline": 0, "submission": 0}
-        deadline = time.perf_counter() + float(req.get("max_seconds", 10.0))
-        while True:
-            for target in ("baseline", "submission"):
-                clocks.sample()
-                g = self.bench[target]
-                for _ in range(timing.BLOCK):
-                    samples[target].append(timing.replay_us(g, start, end))
-                    replays[target] += 1
-            done = all(timing.converged(v) for v in samples.values())
-            if done or time.perf_counter() > deadline:
-                break
-        return {"ok": True, "samples_us": samples, "calls": {t: g.calls for t, g in self.bench.items()},
-                "replays": replays, "converged": done, "clocks": clocks.summary()}
+        samples: dict[str, list[float]] = {}
+        for target in req["order"]:
+            self.clocks.sample()
+            g = self.bench[target]
+            samples[target] = [timing.replay_us(g, start, end) for _ in range(int(req["replays"]))]
+        return {"ok": True, "samples_us": samples}
+
+    def bench_clocks(self, req: dict) -> dict:
+        clocks = self.__dict__.pop("clocks", None)
+        return {"ok": True, "clocks": clocks.summary() if clocks else None}
 
     def bench_crosscheck(self, req: dict) -> dict:
         """Per-call time with a read-based flush before every call: ([flush, call] - [flush]) / k."""
@@ -227,7 +239,7 @@ class Worker:
         sink = torch.empty((), dtype=torch.float32, device=self.device)
 
         def flush() -> None:
-            torch.sum(flush_buf, out=sink)
+            torch.sum(flush_buf, dim=0, out=sink)
 
         fn = self.targets["submission"]
         k = max(len(self.sets), 8)
@@ -282,7 +294,8 @@ def main() -> None:
     replies = os.fdopen(args.resp_fd, "w", buffering=1)
     worker = Worker(args.device, Path(args.scratch))
     ops = {"load": worker.load, "call": worker.call, "time": worker.time,
-           "bench_prepare": worker.bench_prepare, "bench_measure": worker.bench_measure,
+           "bench_prepare": worker.bench_prepare, "bench_capture": worker.bench_capture,
+           "bench_measure": worker.bench_measure, "bench_clocks": worker.bench_clocks,
            "bench_crosscheck": worker.bench_crosscheck, "bench_outputs": worker.bench_outputs,
            "bench_release": worker.bench_release}
     for line in requests:
