@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import select
 import shutil
 import signal
@@ -106,6 +107,10 @@ class Child:
 
     def request(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send one request; return the reply, or raise TimeoutError / ChildFailure (process gone)."""
+        # Every reply must echo a fresh nonce: a line that the submission writes to the reply pipe
+        # itself (its number is no secret) cannot pass for the harness's answer.
+        nonce = secrets.token_hex(16)
+        req = {**req, "nonce": nonce}
         try:
             os.write(self._req_w, (json.dumps(req) + "\n").encode())
         except BrokenPipeError:
@@ -130,7 +135,11 @@ class Child:
             if not isinstance(reply, dict):
                 raise ValueError("not an object")
         except ValueError:
-            raise ChildFailure({"status": "runtime_error", "error": "the harness channel was corrupted"}) from None
+            reply = {}
+        if reply.get("nonce") != nonce:
+            raise ChildFailure({"status": "runtime_error",
+                                "error": "the harness channel was corrupted: a reply the harness did not send "
+                                         "(a submission must not write to the harness's file descriptors)"})
         return reply
 
     def _death(self) -> dict[str, Any]:
@@ -616,7 +625,13 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
         fail("runtime_error", {"error": f"the timed phase reported {reported_us / 1e3:.1f} ms of GPU time in "
                                         f"{wall_us / 1e3:.1f} ms of wall time ({accounted:.0%}): the timings cannot be trusted"})
         return False
-    clocks = child.request({"op": "bench_clocks"}, opts.limits.call).get("clocks")
+    after = child.request({"op": "bench_clocks"}, opts.limits.call)
+    clocks = after.get("clocks")
+    if after.get("persisting_l2_bytes"):
+        doc["status"] = "needs_review"
+        doc["flags"].append({"code": "persisting_l2", "message": f"{shape.name}: the submission reserved "
+                             f"{after['persisting_l2_bytes'] >> 20} MiB of persisting L2; it was reset before every "
+                             "timed round, and the result is held for review", "line": None})
     cross = child.request({"op": "bench_crosscheck", "flush_bytes": 4 * l2}, opts.limits.call)
     # After timing: every set's output as the graph left it, then fresh values through the same graph.
     # (The parent's sets are the pristine inputs: only the child's copies were written in place.)
