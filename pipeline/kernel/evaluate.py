@@ -240,12 +240,21 @@ def _nvml_facts() -> dict[str, Any]:
 
 
 def _harness_commit() -> str | None:
+    """The commit of the harness that ran (the runner may state it where the checkout has no .git)."""
+    if os.environ.get("PIPELINE_HARNESS_COMMIT"):
+        return os.environ["PIPELINE_HARNESS_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "-q", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
+    sha = out.stdout.strip()
+    if out.returncode != 0 or len(sha) != 40:
+        return None
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=10).stdout.strip()
+    return sha + ("-dirty" if dirty else "")
 
 
 def _expected(problem: Problem, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
