@@ -62,3 +62,15 @@ def test_each_problem_has_three_correct_and_three_wrong_variants(name):
     found = variants(name)
     assert sum(p.stem.startswith("correct_") for p in found) >= 3
     assert sum(p.stem.startswith("wrong_") for p in found) >= 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_template_and_baseline_survive_the_official_timing(name):
+    """Both are captured in CUDA graphs, timed against each other, and re-checked after timing."""
+    problem = load_problem(name)
+    doc = evaluate(problem.directory / "template.py", problem, Options(seeds=1, timing=True))
+    assert doc["status"] == "passed", (doc["error"], doc["flags"])
+    assert [p["workload"] for p in doc["performance"]] == [w["name"] for w in problem.workloads]
+    for p in doc["performance"]:
+        assert p["baseline_median_us"] >= 0.95 * p["floor_us"], p

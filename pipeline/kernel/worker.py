@@ -103,6 +103,13 @@ class Worker:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.type == "cuda":
+            # The driver may start with a persisting-L2 set-aside (11 MiB seen on the H200). The harness
+            # owns this setting: zero before any submission code runs, so any later non-zero value is
+            # the submission's doing.
+            torch.cuda.init()
+            torch.empty(1, device=self.device)
+            persisting_l2_reset()
         self.scratch = scratch
         self.targets: dict[str, object] = {}
         self.submission_path = ""
