@@ -44,8 +44,10 @@ def main() -> None:
     for w in [p["workload"] for p in docs[0]["performance"]]:
         meds = [next(p for p in d["performance"] if p["workload"] == w)["median_us"] for d in docs]
         base = [next(p for p in d["performance"] if p["workload"] == w)["baseline_median_us"] for d in docs]
+        clocks = [next(p for p in d["performance"] if p["workload"] == w).get("clocks") for d in docs]
         summary["workloads"][w] = {"medians_us": meds, "spread": max(meds) / min(meds) - 1,
-                                   "baseline_spread": max(base) / min(base) - 1}
+                                   "baseline_medians_us": base, "baseline_spread": max(base) / min(base) - 1,
+                                   "clocks": clocks}
         print(f"{w}: medians {', '.join(f'{m:.2f}' for m in meds)} us; spread {max(meds) / min(meds) - 1:.3%}; "
               f"baseline spread {max(base) / min(base) - 1:.3%}")
     scores = [d["score"]["speedup"] for d in docs]

@@ -1,0 +1,406 @@
+"""The results ledger: the only source of truth for the boards.
+
+`results/ledger/YYYY-MM.jsonl`, append-only, one canonical JSON line per record (sorted keys, no
+spaces, ASCII). Kinds of record:
+- `result`: one accepted (merged) evaluation, what the board needs of its result document (never the
+  raw samples), with `accepted_at` = the PR's merged_at (GitHub's server time);
+- `disqualification` / `clearance`: marks an earlier result (by PR and head SHA). The result itself is
+  never edited; the latest marking of a result (by `at`) decides its state: disqualified, or credited
+  (a clearance credits a result held for review, or withdraws a disqualification).
+
+The hash chain runs over append (arrival) order across all shards: `seq` is the record's position in
+that order, `prev` the `sha256` of the record with seq - 1 (64 zeros for the first), and `sha256` the
+sha256 of the record's canonical JSON without its own `sha256` key. A record goes to the shard of the
+month of its own time (`accepted_at` or `at`), so a record that arrives late (a delayed workflow) lands
+in an older shard with the next seq; nothing is ever rewritten. Every derived view (board, snapshots,
+prizes) orders records by time, never by seq, so arrival order cannot change them.
+
+Pure functions of plain data first; the few that touch files (`read_shards`, `append`) come last.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
+import re
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+from pipeline.competition import format_instant
+
+LEDGER_DIR = Path("results") / "ledger"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "ledger.schema.json"
+RECORD_VERSION = 1
+GENESIS = "0" * 64
+MARKINGS = ("disqualification", "clearance")
+RECORDED_STATUSES = ("passed", "needs_review")
+LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})$")
+SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+SHARD_RE = re.compile(r"^(\d{4})-(\d{2})\.jsonl$")
+CHAIN_KEYS = ("seq", "prev", "sha256")
+# What the board and an auditor need of the environment; the rest stays in the result artifact.
+ENVIRONMENT_KEYS = ("gpu", "gpu_uuid", "driver", "cuda", "torch", "triton", "harness_commit", "image_digest",
+                    "python", "cpu")
+WORKLOAD_KEYS = ("workload", "median_us", "interval_us", "baseline_median_us", "baseline_interval_us", "speedup")
+
+
+class LedgerRefusal(Exception):
+    """A record that may not be appended; the message says what, where and what to do."""
+
+
+class LedgerBroken(Exception):
+    """`verify` found a bad record; the message names the first one (file, line, seq) and why."""
+
+
+# ---- canonical form and the chain ----
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def digest(record: dict[str, Any]) -> str:
+    """The record's sha256: over its canonical JSON without the `sha256` key itself."""
+    body = {k: v for k, v in record.items() if k != "sha256"}
+    return hashlib.sha256(canonical(body).encode()).hexdigest()
+
+
+def seal(body: dict[str, Any], seq: int, prev: str) -> dict[str, Any]:
+    record = {k: v for k, v in body.items() if k not in CHAIN_KEYS}
+    record["seq"], record["prev"] = seq, prev
+    record["sha256"] = digest(record)
+    return record
+
+
+def record_time(record: dict[str, Any]) -> str:
+    return record["accepted_at"] if record["kind"] == "result" else record["at"]
+
+
+def shard_name(instant: str) -> str:
+    return f"{instant[:7]}.jsonl"
+
+
+def content_key(record: dict[str, Any]) -> str:
+    """A record's identity without its place in the chain: the same content appended in any order."""
+    return canonical({k: v for k, v in record.items() if k not in CHAIN_KEYS})
+
+
+@lru_cache(maxsize=1)
+def _record_validator() -> Any:
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def schema_problems(record: dict[str, Any]) -> list[str]:
+    errors = sorted(_record_validator().iter_errors(record), key=lambda e: list(e.absolute_path))
+    return [f"/{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:5]]
+
+
+# ---- building records ----
+
+def check_signature(doc: dict[str, Any]) -> None:
+    """The runner's signature over the result document: raise LedgerRefusal when it does not verify.
+
+    Signing does not exist yet (a later issue adds an HMAC over the result by a key held on the runner
+    host); until then every signature, `null` included, is accepted here, and the only guard is that an
+    unofficial result needs --allow-unofficial. The signing issue fills in this body.
+    """
+    return None
+
+
+def result_record(
+    doc: dict[str, Any],
+    raw: bytes,
+    *,
+    pr: int,
+    login: str,
+    head_sha: str,
+    accepted_at: str,
+    allow_unofficial: bool = False,
+    workloads: dict[str, list[str]] | None = None,
+    source: str = "the result",
+) -> dict[str, Any]:
+    """A result document (and the bytes it was read from) -> the body of a `result` record.
+
+    `workloads` maps each known kernel problem to its workload names; a kernel result must time exactly
+    those. Raises LedgerRefusal for anything that may not be recorded.
+    """
+    from pipeline.result import ResultError, validate
+
+    try:
+        validate(doc)
+    except ResultError as exc:
+        raise LedgerRefusal(f"{source}: {exc}\nOnly a result written by the evaluator can be recorded; "
+                            "re-run the evaluation rather than editing its result.") from None
+    check_signature(doc)
+    if not isinstance(pr, int) or pr < 1:
+        raise LedgerRefusal(f"--pr {pr!r}: a pull request number is a positive integer")
+    if not LOGIN_RE.match(login or ""):
+        raise LedgerRefusal(f"--login {login!r} is not a GitHub login (letters, digits, hyphens, at most 39)")
+    if not SHA1_RE.match(head_sha or ""):
+        raise LedgerRefusal(f"--head-sha {head_sha!r} is not a 40-hex-digit commit SHA")
+    sub = doc["submission"]
+    if not doc["official"] and not allow_unofficial:
+        raise LedgerRefusal(
+            f"{source} is unofficial (device {doc['mode']['device']}, {doc['mode']['seeds']} seeds): only the "
+            "runner's official results are recorded. Evaluate it on the runner (the run-eval label), or pass "
+            "--allow-unofficial for a test or demo ledger (the board marks such results).")
+    if doc["official"] and (sub["pr"] is None or sub["head_sha"] is None):
+        raise LedgerRefusal(f"{source} is official but names no PR or head SHA; the runner always records both")
+    for key, given, flag in (("pr", pr, "--pr"), ("head_sha", head_sha, "--head-sha")):
+        if sub[key] is not None and sub[key] != given:
+            raise LedgerRefusal(f"{source} was evaluated for {key} {sub[key]} but {flag} says {given}: the merged "
+                                "head must be the evaluated one; evaluate the merged head and record that result")
+    if sub["login"] is not None and sub["login"].lower() != login.lower():
+        raise LedgerRefusal(f"{source} belongs to {sub['login']!r} but --login says {login!r}")
+    if doc["status"] not in RECORDED_STATUSES:
+        raise LedgerRefusal(f"{source} has status {doc['status']!r}: only a passing result (or one held for review) "
+                            "is recorded; a PR whose evaluation failed should not have been merged")
+    if doc["score"] is None or not doc["performance"]:
+        raise LedgerRefusal(f"{source} has no score (it was not timed); record a result evaluated with timing")
+    if doc["track"] == "kernel":
+        timed = [p["workload"] for p in doc["performance"]]
+        if workloads is not None:
+            if doc["problem"] not in workloads:
+                raise LedgerRefusal(f"{source} is for problem {doc['problem']!r}, which is not in problems/ "
+                                    f"(known: {', '.join(sorted(workloads))})")
+            expected = workloads[doc["problem"]]
+            if sorted(timed) != sorted(expected):
+                raise LedgerRefusal(f"{source} timed workloads {timed} but {doc['problem']} has {expected}: a partial "
+                                    "run (--shape) cannot be ranked; evaluate every workload")
+    score = {k: doc["score"][k] for k in ("speedup", "time_us", "interval") if k in doc["score"]}
+    env = doc["environment"]
+    return {
+        "kind": "result",
+        "record_version": RECORD_VERSION,
+        "accepted_at": accepted_at,
+        "track": doc["track"],
+        "problem": doc["problem"],
+        "login": login,
+        "pr": pr,
+        "head_sha": head_sha,
+        "blob_sha": sub["blob_sha"],
+        "path": sub["path"],
+        "status": doc["status"],
+        "official": doc["official"],
+        "mode": doc["mode"],
+        "score": score,
+        "workloads": [{k: p[k] for k in WORKLOAD_KEYS if k in p} for p in doc["performance"]],
+        "flags": sorted({f["code"] for f in doc["flags"]}),
+        "environment": {k: env[k] for k in ENVIRONMENT_KEYS if k in env},
+        "result_sha256": hashlib.sha256(raw).hexdigest(),
+        "result_schema_version": doc["schema_version"],
+        "signature": doc["signature"],
+        "evaluated_at": doc["finished_at"],
+    }
+
+
+def latest_markings(records: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
+    """(pr, head_sha) -> the marking that decides that result's state: the latest by `at`, then by
+    content (so that arrival order never matters)."""
+    marks = sorted((r for r in records if r["kind"] in MARKINGS), key=lambda r: (r["at"], content_key(r)))
+    out: dict[tuple[int, str], dict[str, Any]] = {}
+    for m in marks:
+        out[(m["target"]["pr"], m["target"]["head_sha"])] = m
+    return out
+
+
+def find_result(records: list[dict[str, Any]], pr: int, head_sha: str | None) -> dict[str, Any]:
+    found = [r for r in records if r["kind"] == "result" and r["pr"] == pr
+             and (head_sha is None or r["head_sha"] == head_sha)]
+    if not found:
+        raise LedgerRefusal(f"the ledger has no result of PR #{pr}" + (f" at head {head_sha}" if head_sha else "")
+                            + "; check the number with `python -m pipeline prizes` or the board")
+    if len(found) > 1:
+        heads = ", ".join(r["head_sha"] for r in found)
+        raise LedgerRefusal(f"PR #{pr} has {len(found)} results in the ledger (heads {heads}); pass --head-sha")
+    return found[0]
+
+
+def marking_record(records: list[dict[str, Any]], kind: str, *, pr: int, head_sha: str | None, reason: str,
+                   by: str, at: str) -> dict[str, Any]:
+    """The body of a disqualification or clearance of the result of PR `pr` (head `head_sha`)."""
+    if kind not in MARKINGS:
+        raise ValueError(kind)
+    if not reason.strip():
+        raise LedgerRefusal("--reason is empty: say why, it is shown on the board and kept as evidence")
+    if not LOGIN_RE.match(by or ""):
+        raise LedgerRefusal(f"--by {by!r} is not a GitHub login: name the organizer who decided")
+    target = find_result(records, pr, head_sha)
+    if at < target["accepted_at"]:
+        raise LedgerRefusal(f"--at {at} is before the result was accepted ({target['accepted_at']})")
+    last = latest_markings(records).get((target["pr"], target["head_sha"]))
+    disqualified = last is not None and last["kind"] == "disqualification"
+    if kind == "disqualification" and disqualified:
+        raise LedgerRefusal(f"PR #{pr}'s result is already disqualified ({last['at']}: {last['reason']})")
+    if kind == "clearance" and not disqualified and (target["status"] != "needs_review" or last is not None):
+        raise LedgerRefusal(f"PR #{pr}'s result is neither under review nor disqualified: nothing to clear")
+    return {
+        "kind": kind,
+        "record_version": RECORD_VERSION,
+        "at": at,
+        "target": {"pr": target["pr"], "head_sha": target["head_sha"]},
+        "track": target["track"],
+        "problem": target["problem"],
+        "login": target["login"],
+        "reason": " ".join(reason.split()),
+        "by": by,
+    }
+
+
+def check_new(records: list[dict[str, Any]], body: dict[str, Any]) -> None:
+    """Refuse a result that is already in the ledger (same PR and head SHA, or the same result file)."""
+    if body["kind"] != "result":
+        return
+    for r in records:
+        if r["kind"] != "result":
+            continue
+        if (r["pr"], r["head_sha"]) == (body["pr"], body["head_sha"]):
+            raise LedgerRefusal(f"PR #{body['pr']} at head {body['head_sha']} is already in the ledger "
+                                f"(record seq {r['seq']}, {shard_name(r['accepted_at'])}); nothing to do")
+        if r["result_sha256"] == body["result_sha256"]:
+            raise LedgerRefusal(f"this result file (sha256 {body['result_sha256'][:12]}...) is already recorded for "
+                                f"PR #{r['pr']} (record seq {r['seq']}); one evaluation is recorded once")
+
+
+# ---- verification ----
+
+def verify_shards(shards: dict[str, bytes], check_schema: bool = True) -> list[dict[str, Any]]:
+    """Check every shard and the chain; return the records in append order, or raise LedgerBroken naming
+    the first bad record (in file order for a line that is not a record at all, else in chain order)."""
+    entries: list[tuple[int, str, int, dict[str, Any], bytes]] = []
+    where_dir = LEDGER_DIR.as_posix()
+    for name in sorted(shards):
+        if not SHARD_RE.match(name):
+            raise LedgerBroken(f"{where_dir}/{name}: not a ledger shard (YYYY-MM.jsonl); move it out of {where_dir}/")
+        data = shards[name]
+        if data and not data.endswith(b"\n"):
+            n = data.count(b"\n") + 1
+            raise LedgerBroken(f"{where_dir}/{name} line {n}: the last line has no newline (a write was cut short); "
+                               "restore the shard from git")
+        last_seq = -1
+        for lineno, line in enumerate(data.split(b"\n")[:-1], 1):
+            where = f"{where_dir}/{name} line {lineno}"
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise LedgerBroken(f"{where}: not a JSON record; restore the shard from git") from None
+            if not isinstance(record, dict) or not isinstance(record.get("seq"), int) or isinstance(record["seq"], bool):
+                raise LedgerBroken(f"{where}: not a ledger record (no integer seq); restore the shard from git")
+            if record["seq"] <= last_seq:
+                raise LedgerBroken(f"{where} (record seq {record['seq']}): comes after seq {last_seq} in its shard; "
+                                   "records are only ever appended, so lines were moved")
+            last_seq = record["seq"]
+            entries.append((record["seq"], name, lineno, record, line))
+    entries.sort(key=lambda e: e[0])
+    prev = GENESIS
+    results: set[tuple[int, str]] = set()
+    out = []
+    for i, (seq, name, lineno, record, line) in enumerate(entries):
+        where = f"{where_dir}/{name} line {lineno} (record seq {seq})"
+        if seq != i:
+            what = f"a second record with seq {seq}" if seq < i else f"record seq {i} is missing (removed?)"
+            raise LedgerBroken(f"{where}: {what}; the chain must number records 0, 1, 2, ... without gaps")
+        if check_schema:
+            bad = schema_problems(record)
+            if bad:
+                raise LedgerBroken(f"{where}: not a valid ledger record ({'; '.join(bad)})")
+        if record.get("sha256") != digest(record):
+            raise LedgerBroken(f"{where}: its sha256 does not match its content: the record was changed after it "
+                               "was written; restore it from git")
+        if line != canonical(record).encode():
+            raise LedgerBroken(f"{where}: not in canonical form (sorted keys, no spaces): edited by hand?")
+        if record.get("prev") != prev:
+            what = "the first record's prev must be 64 zeros" if i == 0 else (
+                f"its prev does not match the sha256 of record seq {i - 1}: a record was changed, removed or "
+                "inserted before it")
+            raise LedgerBroken(f"{where}: {what}")
+        time = record_time(record)
+        if shard_name(time) != name:
+            raise LedgerBroken(f"{where}: its time {time} belongs in {shard_name(time)}, not {name}")
+        if record["kind"] == "result":
+            key = (record["pr"], record["head_sha"])
+            if key in results:
+                raise LedgerBroken(f"{where}: PR #{key[0]} at head {key[1]} was already recorded earlier")
+            results.add(key)
+        elif (record["target"]["pr"], record["target"]["head_sha"]) not in results:
+            raise LedgerBroken(f"{where}: marks PR #{record['target']['pr']}, which has no earlier result record")
+        prev = record["sha256"]
+        out.append(record)
+    return out
+
+
+def parse_shards(shards: dict[str, bytes]) -> list[dict[str, Any]]:
+    """The records, without checking the chain (the boards read this way; `verify` checks)."""
+    records = []
+    for name in sorted(shards):
+        for lineno, line in enumerate(shards[name].splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise LedgerBroken(f"{LEDGER_DIR.as_posix()}/{name} line {lineno}: not a JSON record; run "
+                                   "`python -m pipeline ledger verify`") from None
+    records.sort(key=lambda r: r["seq"])
+    return records
+
+
+# ---- files ----
+
+def read_shards(root: Path) -> dict[str, bytes]:
+    directory = Path(root) / LEDGER_DIR
+    if not directory.is_dir():
+        return {}
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith(".")}
+
+
+def read(root: Path) -> list[dict[str, Any]]:
+    return parse_shards(read_shards(root))
+
+
+def verify(root: Path) -> list[dict[str, Any]]:
+    return verify_shards(read_shards(root))
+
+
+@contextmanager
+def _locked(root: Path) -> Iterator[Path]:
+    directory = Path(root) / LEDGER_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield directory
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def append(root: Path, body: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """Seal `body` onto the end of the chain and write it to its month's shard. The whole ledger is
+    verified first: nothing is appended to a broken chain. Returns the record and its shard."""
+    with _locked(root) as directory:
+        records = verify_shards(read_shards(root), check_schema=False)
+        check_new(records, body)
+        record = seal(body, len(records), records[-1]["sha256"] if records else GENESIS)
+        bad = schema_problems(record)
+        if bad:
+            raise LedgerRefusal(f"the new record is not a valid ledger record: {'; '.join(bad)}")
+        path = directory / shard_name(record_time(record))
+        with open(path, "a", encoding="ascii") as f:
+            f.write(canonical(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return record, path
+
+
+def now_instant() -> str:
+    return format_instant(dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
