@@ -38,6 +38,19 @@ class BundleError(ValueError):
     pass
 
 
+MAX_LIST = 1 << 20
+
+
+def _is_number_list(value: Any) -> bool:
+    """Host-side copies of small index tensors (a ragged batch's lengths, as engines keep them) travel
+    as flat lists of numbers."""
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) <= MAX_LIST
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    )
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     try:
         return _DTYPE_NAMES[dtype]
@@ -66,8 +79,8 @@ def write_bundle(path: Path, values: dict[str, Any]) -> None:
             }
             blobs.append(raw)
             offset += len(raw)
-        elif isinstance(value, (bool, int, float, str)) or value is None:
-            entries[name] = {"tensor": False, "value": value}
+        elif isinstance(value, (bool, int, float, str)) or value is None or _is_number_list(value):
+            entries[name] = {"tensor": False, "value": list(value) if isinstance(value, tuple) else value}
         else:
             raise BundleError(f"{name}: cannot send a {type(value).__name__}")
     header = json.dumps(entries).encode()
@@ -102,7 +115,7 @@ def read_bundle(path: Path, device: str | torch.device = "cpu") -> dict[str, Any
                     raise BundleError(f"{path.name}: entry {name!r} is malformed")
                 if not e.get("tensor"):
                     value = e.get("value")
-                    if not isinstance(value, (bool, int, float, str)) and value is not None:
+                    if not isinstance(value, (bool, int, float, str)) and value is not None and not _is_number_list(value):
                         raise BundleError(f"{path.name}: entry {name!r} has a non-scalar value")
                     out[name] = value
                     continue

@@ -1,0 +1,88 @@
+"""The bundle format is the only thing the parent reads from the child: round trips are exact, and a
+hostile file is refused with a message, never unpickled, never read past its end."""
+
+import json
+import struct
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.kernel.transport import MAGIC, BundleError, fingerprint, read_bundle, write_bundle
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
+          torch.int16, torch.int32, torch.int64, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_is_bit_exact(tmp_path, dtype):
+    t = (torch.randn(3, 5, 7) * 100).to(dtype)
+    values = {"t": t, "empty": torch.empty(0, 4, dtype=dtype), "scale": 0.125, "n": 3, "lens": [1, 17, 16]}
+    write_bundle(tmp_path / "b", values)
+    back = read_bundle(tmp_path / "b")
+    assert torch.equal(back["t"], t) and back["t"].dtype == dtype and back["t"].shape == t.shape
+    assert back["empty"].shape == (0, 4)
+    assert back["scale"] == 0.125 and back["n"] == 3 and back["lens"] == [1, 17, 16]
+
+
+def _forge(path, header, payload=b""):
+    raw = json.dumps(header).encode()
+    path.write_bytes(MAGIC + struct.pack("<Q", len(raw)) + raw + payload)
+
+
+@pytest.mark.parametrize(
+    "header,payload,needle",
+    [
+        ({"x": {"tensor": True, "dtype": "object", "shape": [1], "offset": 0, "nbytes": 8}}, b"\0" * 8, "disallowed dtype"),
+        ({"x": {"tensor": True, "dtype": "float32", "shape": [1000], "offset": 0, "nbytes": 4000}}, b"\0" * 8, "does not hold"),
+        ({"x": {"tensor": True, "dtype": "float32", "shape": [2], "offset": 0, "nbytes": 4}}, b"\0" * 8, "does not hold"),
+        ({"x": {"tensor": True, "dtype": "float32", "shape": [-1], "offset": 0, "nbytes": 4}}, b"\0" * 8, "malformed"),
+        ({"x": {"tensor": True, "dtype": "float32", "shape": [1], "offset": -4, "nbytes": 4}}, b"\0" * 8, "malformed"),
+        ({"x": {"tensor": False, "value": {"__reduce__": "os.system"}}}, b"", "non-scalar"),
+        ({"x": "not an entry"}, b"", "malformed"),
+    ],
+)
+def test_hostile_bundles_are_refused(tmp_path, header, payload, needle):
+    _forge(tmp_path / "b", header, payload)
+    with pytest.raises(BundleError, match=needle):
+        read_bundle(tmp_path / "b")
+
+
+def test_a_pickle_is_not_a_bundle(tmp_path):
+    import pickle
+
+    (tmp_path / "b").write_bytes(pickle.dumps({"x": 1}))
+    with pytest.raises(BundleError, match="not a tensor bundle"):
+        read_bundle(tmp_path / "b")
+
+
+def test_oversized_header_is_refused(tmp_path):
+    (tmp_path / "b").write_bytes(MAGIC + struct.pack("<Q", 1 << 40))
+    with pytest.raises(BundleError, match="too large"):
+        read_bundle(tmp_path / "b")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=0, max_size=200))
+def test_random_bytes_after_the_magic_never_crash_the_reader(tmp_path_factory, junk):
+    path = tmp_path_factory.mktemp("fuzz") / "b"
+    path.write_bytes(MAGIC + junk)
+    try:
+        read_bundle(path)
+    except BundleError:
+        pass
+
+
+def test_fingerprint_sees_every_bit_and_every_position():
+    t = torch.randn(4096).to(torch.bfloat16)
+    base = fingerprint(t)
+    flipped = t.clone()
+    flipped.view(torch.int16)[1234] ^= 1
+    assert fingerprint(flipped) != base
+    swapped = t.clone()
+    swapped[[10, 11]] = t[[11, 10]]
+    if not torch.equal(swapped, t):
+        assert fingerprint(swapped) != base
+    assert fingerprint(t.clone()) == base
+    assert fingerprint(t.float()) != base  # dtype is part of it
