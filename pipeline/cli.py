@@ -144,3 +144,8 @@ VERBS = {
     "evaluate": (_evaluate_args, evaluate),
     "problems": (_problems_args, problems),
 }
+
+# ---- the results ledger and the boards: `ledger`, `board`, `snapshots`, `prizes` (pipeline/ledger_cli.py) ----
+from pipeline import ledger_cli as _ledger_cli  # noqa: E402
+
+VERBS.update(_ledger_cli.VERBS)

@@ -29,7 +29,7 @@ import re
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pipeline.competition import format_instant
 
@@ -309,10 +309,6 @@ def verify_shards(shards: dict[str, bytes], check_schema: bool = True) -> list[d
         if seq != i:
             what = f"a second record with seq {seq}" if seq < i else f"record seq {i} is missing (removed?)"
             raise LedgerBroken(f"{where}: {what}; the chain must number records 0, 1, 2, ... without gaps")
-        if check_schema:
-            bad = schema_problems(record)
-            if bad:
-                raise LedgerBroken(f"{where}: not a valid ledger record ({'; '.join(bad)})")
         if record.get("sha256") != digest(record):
             raise LedgerBroken(f"{where}: its sha256 does not match its content: the record was changed after it "
                                "was written; restore it from git")
@@ -323,6 +319,10 @@ def verify_shards(shards: dict[str, bytes], check_schema: bool = True) -> list[d
                 f"its prev does not match the sha256 of record seq {i - 1}: a record was changed, removed or "
                 "inserted before it")
             raise LedgerBroken(f"{where}: {what}")
+        if check_schema:
+            bad = schema_problems(record)
+            if bad:
+                raise LedgerBroken(f"{where}: not a valid ledger record ({'; '.join(bad)})")
         time = record_time(record)
         if shard_name(time) != name:
             raise LedgerBroken(f"{where}: its time {time} belongs in {shard_name(time)}, not {name}")
@@ -346,8 +346,11 @@ def parse_shards(shards: dict[str, bytes]) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+                records.append(record)
+                if not isinstance(record.get("seq"), int):
+                    raise ValueError
+            except (ValueError, AttributeError):
                 raise LedgerBroken(f"{LEDGER_DIR.as_posix()}/{name} line {lineno}: not a JSON record; run "
                                    "`python -m pipeline ledger verify`") from None
     records.sort(key=lambda r: r["seq"])
@@ -384,11 +387,15 @@ def _locked(root: Path) -> Iterator[Path]:
         os.close(fd)
 
 
-def append(root: Path, body: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    """Seal `body` onto the end of the chain and write it to its month's shard. The whole ledger is
-    verified first: nothing is appended to a broken chain. Returns the record and its shard."""
+def append(root: Path, body: dict[str, Any] | Callable[[list[dict[str, Any]]], dict[str, Any]]
+           ) -> tuple[dict[str, Any], Path]:
+    """Seal a record body onto the end of the chain and write it to its month's shard. `body` may be a
+    function of the records already there (a marking names its target). The whole ledger is verified
+    first, under a lock: nothing is appended to a broken chain. Returns the record and its shard."""
     with _locked(root) as directory:
         records = verify_shards(read_shards(root), check_schema=False)
+        if callable(body):
+            body = body(records)
         check_new(records, body)
         record = seal(body, len(records), records[-1]["sha256"] if records else GENESIS)
         bad = schema_problems(record)

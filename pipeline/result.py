@@ -13,8 +13,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "result.schema.json"
 STATUSES = ("passed", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "needs_review")
@@ -25,7 +23,11 @@ class ResultError(ValueError):
 
 
 @lru_cache(maxsize=1)
-def _validator() -> jsonschema.protocols.Validator:
+def _validator():
+    try:
+        import jsonschema
+    except ImportError:
+        raise ResultError("validating a result needs the jsonschema package: pip install jsonschema") from None
     schema = json.loads(SCHEMA_PATH.read_text())
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
