@@ -30,7 +30,7 @@ import re
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from pipeline.competition import format_instant
 
@@ -438,22 +438,26 @@ def _loader() -> Callable[[bytes], Any]:
         return json.loads
 
 
+def _parse_lines(name: str, lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    loads = _loader()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+                raise ValueError
+        except ValueError:
+            raise LedgerBroken(f"{LEDGER_DIR.as_posix()}/{name} line {lineno}: not a ledger record; run "
+                               "`python -m pipeline ledger verify`") from None
+        yield record
+
+
 def iter_shards(shards: dict[str, bytes]) -> Iterator[dict[str, Any]]:
     """The records shard by shard, in file order, without checking the chain (the boards read this way,
     since no derived view depends on the order; `verify` checks)."""
-    loads = _loader()
     for name in sorted(shards):
-        for lineno, line in enumerate(shards[name].splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = loads(line)
-                if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
-                    raise ValueError
-            except ValueError:
-                raise LedgerBroken(f"{LEDGER_DIR.as_posix()}/{name} line {lineno}: not a ledger record; run "
-                                   "`python -m pipeline ledger verify`") from None
-            yield record
+        yield from _parse_lines(name, shards[name].splitlines())
 
 
 def parse_shards(shards: dict[str, bytes]) -> list[dict[str, Any]]:
@@ -494,7 +498,8 @@ def iter_records(root: Path) -> Iterator[dict[str, Any]]:
         return
     for path in sorted(directory.iterdir()):
         if path.is_file() and not path.name.startswith("."):
-            yield from iter_shards({path.name: path.read_bytes()})
+            with open(path, "rb") as f:
+                yield from _parse_lines(path.name, f)
 
 
 def verify(root: Path) -> list[dict[str, Any]]:

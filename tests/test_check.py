@@ -74,3 +74,16 @@ def test_masked_compare_checks_written_slots_and_untouched_bits():
     got_wrong_slot[2, 6] = 3.0
     v = compare(got_wrong_slot, expected, tol, expected_dtype=torch.bfloat16, mask=mask, pristine=pristine)
     assert not v["passed"] and "outside the written slots" in v["reason"]
+
+
+def test_untouched_nan_bits_count_as_untouched():
+    pristine = torch.randn(4, 16).to(torch.bfloat16)
+    pristine[0, 0] = float("nan")
+    mask = torch.zeros(4, 16, dtype=torch.bool)
+    mask[3, 3] = True
+    expected = pristine.float().clone()
+    expected[3, 3] = 1.0
+    got = pristine.clone()
+    got[3, 3] = 1.0
+    tol = Tolerance(atol=1e-2, rtol=1e-2, rel_l2=1e-2)
+    assert compare(got, expected, tol, expected_dtype=torch.bfloat16, mask=mask, pristine=pristine)["passed"]

@@ -23,6 +23,11 @@ def _index(flat_index: int, shape: torch.Size) -> list[int]:
     return list(reversed(idx))
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(torch.uint8 if t.dtype == torch.bool else ints[t.element_size()])
+
+
 def compare(
     out: Any,
     ref: torch.Tensor,
@@ -59,7 +64,7 @@ def compare(
         full_mask = mask.to(ref.device).expand(ref.shape)
         if pristine is not None:
             untouched = ~full_mask
-            changed = (out != pristine.to(ref.device)) & untouched
+            changed = (_bits(out) != _bits(pristine.to(ref.device))) & untouched  # bitwise: NaN == NaN here
             n_changed = int(changed.sum())
             m["untouched_changed"] = n_changed
             if n_changed:

@@ -128,6 +128,8 @@ class Worker:
     def load(self, req: dict) -> dict:
         self.submission_path = os.path.abspath(req["submission"])
         if req.get("reference"):
+            # The layer references import the smaller problems' building blocks from their folder.
+            sys.path.insert(0, str(Path(req["reference"]).resolve().parent))
             ref = self._load_module("_muse_baseline", req["reference"])
             self.targets["baseline"] = ref.baseline
         try:

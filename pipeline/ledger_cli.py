@@ -1,0 +1,305 @@
+"""The verbs of the results ledger and the boards: `ledger` (append, verify, disqualify, clear),
+`board`, `snapshots`, `prizes`. Registered in pipeline/cli.py's VERBS.
+
+The only code of the ledger and the boards that touches files: parse arguments, read the ledger and
+the configuration, call the pure functions of `pipeline.ledger` and `pipeline.board`, write what they
+return. Exit codes: 0 done, 1 refused or verification failed, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.competition import REPO_ROOT, Competition, CompetitionError, InstantError, format_instant, parse_instant
+
+OK, REFUSED, USAGE = 0, 1, 2
+SNAPSHOTS_DIR = Path("results") / "snapshots"
+
+
+def _error(code: int, message: str) -> int:
+    print(("refused: " if code == REFUSED else "error: ") + message, file=sys.stderr)
+    return code
+
+
+def _common(p: argparse.ArgumentParser, now: bool = False) -> None:
+    p.add_argument("--root", type=Path, default=REPO_ROOT,
+                   help="the folder holding results/ and leaderboard.md (default: the repository)")
+    p.add_argument("--competition", type=Path, metavar="TOML",
+                   help="the competition configuration (default: ROOT/competition.toml)")
+    if now:
+        p.add_argument("--now", metavar="ISO8601", help="the current time, UTC (default: the clock)")
+
+
+def _now(args: argparse.Namespace) -> dt.datetime:
+    if getattr(args, "now", None):
+        return parse_instant(args.now, "--now")
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+
+def _competition(args: argparse.Namespace) -> Competition:
+    from pipeline.competition import load
+
+    return load(args.competition or Path(args.root) / "competition.toml")
+
+
+def problem_workloads() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every kernel problem of this repository: name -> (title, workload names)."""
+    from pipeline.problems import list_problems, load_problem
+
+    out = {}
+    for name in list_problems():
+        p = load_problem(name)
+        out[name] = (p.title, tuple(w["name"] for w in p.workloads))
+    return out
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    """Atomically replace `path` with `data` unless it already holds exactly that; True if written."""
+    try:
+        if path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return True
+
+
+# ---- ledger ----
+
+def _ledger_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    a = sub.add_parser("append", help="record a merged PR's result (refuses a bad, unsigned or duplicate one)")
+    a.add_argument("result", type=Path, metavar="RESULT.json")
+    a.add_argument("--pr", type=int, required=True, help="the merged pull request's number")
+    a.add_argument("--login", required=True, help="the PR author's GitHub login")
+    a.add_argument("--head-sha", required=True, help="the merged head commit (must be the evaluated one)")
+    a.add_argument("--merged-at", required=True, metavar="ISO8601", help="the PR's merged_at from the GitHub API")
+    a.add_argument("--allow-unofficial", action="store_true",
+                   help="accept a CPU (unofficial) result: for tests and demos; the board marks it")
+    _common(a)
+    v = sub.add_parser("verify", help="check every shard and the hash chain; name the first bad record")
+    _common(v)
+    for kind, verb, text in (("disqualification", "disqualify", "mark a recorded result disqualified"),
+                             ("clearance", "clear", "credit a result held for review, or withdraw a disqualification")):
+        m = sub.add_parser(verb, help=text)
+        m.add_argument("--pr", type=int, required=True, help="the PR whose result is marked")
+        m.add_argument("--head-sha", help="which of the PR's results, when it has several")
+        m.add_argument("--reason", required=True, help="why (shown on the board, kept as evidence)")
+        m.add_argument("--by", required=True, metavar="LOGIN", help="the organizer who decided")
+        m.add_argument("--at", metavar="ISO8601", help="when it was decided (default: now)")
+        m.set_defaults(kind=kind)
+        _common(m)
+
+
+def ledger(args: argparse.Namespace) -> int:
+    """The results ledger: append a merged PR's result, verify the chain, disqualify or clear a result."""
+    from pipeline import ledger as lg
+
+    try:
+        if args.action == "verify":
+            records = lg.verify(args.root)
+            results = sum(1 for r in records if r["kind"] == "result")
+            shards = len(lg.read_shards(args.root))
+            head = records[-1]["sha256"] if records else lg.GENESIS
+            print(f"ok: {len(records)} records ({results} results, {len(records) - results} markings) in {shards} "
+                  f"shard{'s' if shards != 1 else ''}; chain head {head}")
+            return OK
+        if args.action == "append":
+            return _append(args)
+        at = format_instant(_now(argparse.Namespace(now=args.at))) if args.at else lg.now_instant()
+        record, path = lg.append(args.root, lambda records: lg.marking_record(
+            records, args.kind, pr=args.pr, head_sha=args.head_sha, reason=args.reason, by=args.by, at=at))
+        print(f"appended {args.kind} of PR #{args.pr} (@{record['login']}, {record['problem']}) as record seq "
+              f"{record['seq']} to {_rel(path, args.root)}; regenerate the board: python -m pipeline board")
+        return OK
+    except InstantError as exc:
+        return _error(USAGE, str(exc))
+    except lg.LedgerRefusal as exc:
+        return _error(REFUSED, str(exc))
+    except lg.LedgerBroken as exc:
+        return _error(REFUSED, f"the ledger does not verify: {exc}")
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _append(args: argparse.Namespace) -> int:
+    from pipeline import ledger as lg
+
+    if not args.result.is_file():
+        return _error(USAGE, f"{args.result}: no such file; pass the result.json the runner uploaded")
+    accepted_at = format_instant(parse_instant(args.merged_at, "--merged-at"))
+    raw = args.result.read_bytes()
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return _error(REFUSED, f"{args.result}: not JSON ({exc}); pass the result.json the runner uploaded")
+    body = lg.result_record(doc, raw, pr=args.pr, login=args.login, head_sha=args.head_sha, accepted_at=accepted_at,
+                            allow_unofficial=args.allow_unofficial, source=str(args.result),
+                            workloads={k: list(v[1]) for k, v in problem_workloads().items()})
+    record, path = lg.append(args.root, body)
+    print(f"appended PR #{record['pr']} (@{record['login']}, {record['track']}/{record['problem']}, "
+          f"{record['score']['speedup']:.3f}x{'' if record['official'] else ', unofficial'}) as record seq "
+          f"{record['seq']} to {_rel(path, args.root)}")
+    return OK
+
+
+# ---- board, snapshots, prizes ----
+
+def _derive(args: argparse.Namespace) -> Any:
+    from pipeline import board, ledger as lg
+
+    competition = _competition(args)
+    return board.derive(lg.iter_records(args.root), competition, problem_workloads(), _now(args))
+
+
+def _board_args(p: argparse.ArgumentParser) -> None:
+    _common(p, now=True)
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when leaderboard.md is not what the ledger gives")
+
+
+def board(args: argparse.Namespace) -> int:
+    """Regenerate leaderboard.md (and a PNG per board of its best score over time) from the ledger alone."""
+    from pipeline import board as bd, ledger as lg
+
+    try:
+        d = _derive(args)
+    except (CompetitionError, InstantError) as exc:
+        return _error(USAGE, str(exc))
+    except lg.LedgerBroken as exc:
+        return _error(REFUSED, str(exc))
+    root = Path(args.root)
+    plots: set[str] = set()
+    written: list[str] = []
+    if not args.no_plots and not args.check:
+        wanted = set()
+        for spec in d.specs:
+            digest = bd.plot_digest(d, spec)
+            if digest is None:
+                continue
+            path = root / bd.plot_path(spec)
+            plots.add(spec.id)
+            wanted.add(path.name)
+            if path.is_file() and bd.png_description(path.read_bytes()) == f"series sha256 {digest}":
+                continue
+            try:
+                png = bd.render_plot(d, spec)
+            except ImportError:
+                return _error(USAGE, "the plots need matplotlib: pip install matplotlib, or pass --no-plots")
+            if png is not None and _write_if_changed(path, png):
+                written.append(bd.plot_path(spec))
+        folder = root / "leaderboard"
+        if folder.is_dir():
+            for stale in sorted(folder.glob("*.png")):
+                if stale.name not in wanted:
+                    stale.unlink()
+                    written.append(f"removed {_rel(stale, root)}")
+    else:
+        plots = {s.id for s in d.specs if (root / bd.plot_path(s)).is_file()}
+    text = bd.render_board(d, plots).encode()
+    target = root / "leaderboard.md"
+    if args.check:
+        current = target.read_bytes() if target.is_file() else b""
+        if current != text:
+            return _error(REFUSED, f"{_rel(target, root)} is not what the ledger gives; regenerate it with "
+                          "`python -m pipeline board`")
+        print(f"{_rel(target, root)} is up to date")
+        return OK
+    if _write_if_changed(target, text):
+        written.insert(0, "leaderboard.md")
+    print(f"board from {d.records} results: " + (", ".join(written) if written else "nothing changed"))
+    return OK
+
+
+def _snapshots_args(p: argparse.ArgumentParser) -> None:
+    _common(p, now=True)
+
+
+def snapshots(args: argparse.Namespace) -> int:
+    """Write every missing hourly snapshot results/snapshots/YYYY-MM-DD/HH.json (and .md) up to now.
+
+    A snapshot that no longer matches the ledger (a record accepted in that hour arrived late, or a
+    marking changed a past standing) is rewritten: a snapshot is a function of the ledger alone.
+    """
+    from pipeline import board as bd, ledger as lg
+
+    try:
+        d = _derive(args)
+    except (CompetitionError, InstantError) as exc:
+        return _error(USAGE, str(exc))
+    except lg.LedgerBroken as exc:
+        return _error(REFUSED, str(exc))
+    base = Path(args.root) / SNAPSHOTS_DIR
+    missing = refreshed = 0
+    for rel, text, md in bd.snapshots(d):
+        path = base / f"{rel}.json"
+        existed = path.exists()
+        changed = _write_if_changed(path, text.encode())
+        changed = _write_if_changed(base / f"{rel}.md", md.encode()) or changed
+        if changed:
+            missing += not existed
+            refreshed += existed
+    print(f"{len(d.instants)} snapshot hours up to {format_instant(d.now)}: wrote {missing} missing, "
+          f"refreshed {refreshed} that the ledger now gives differently")
+    return OK
+
+
+def _prizes_args(p: argparse.ArgumentParser) -> None:
+    _common(p, now=True)
+    p.add_argument("--json", action="store_true", help="print machine-readable")
+
+
+def prizes(args: argparse.Namespace) -> int:
+    """Print every daily window's winner per board, with hours on top, from the ledger alone."""
+    from pipeline import board as bd, ledger as lg
+
+    try:
+        d = _derive(args)
+    except (CompetitionError, InstantError) as exc:
+        return _error(USAGE, str(exc))
+    except lg.LedgerBroken as exc:
+        return _error(REFUSED, str(exc))
+    if args.json:
+        print(json.dumps({"now": format_instant(d.now), "rule": d.competition.daily_rule,
+                          "windows": bd.prizes_rows(d)}, indent=1, sort_keys=True))
+    else:
+        print(bd.render_prizes(d), end="")
+    return OK
+
+
+def _without_gc(run: Any) -> Any:
+    """The boards' verbs hold the whole ledger's entries for their short life and create no cycles
+    worth collecting; the cyclic collector would rescan those millions of objects again and again."""
+    from functools import wraps
+
+    from pipeline.ledger import paused_gc
+
+    @wraps(run)
+    def wrapper(args: argparse.Namespace) -> int:
+        with paused_gc():
+            return run(args)
+
+    return wrapper
+
+
+VERBS = {
+    "board": (_board_args, _without_gc(board)),
+    "ledger": (_ledger_args, _without_gc(ledger)),
+    "prizes": (_prizes_args, _without_gc(prizes)),
+    "snapshots": (_snapshots_args, _without_gc(snapshots)),
+}

@@ -1,0 +1,128 @@
+"""Schema-valid result documents and small competitions for the ledger and board tests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pipeline import competition as comp
+from pipeline.ledger_cli import problem_workloads
+from pipeline.result import validate
+
+WORKLOADS = {name: list(v[1]) for name, v in problem_workloads().items()}
+PROBLEMS = problem_workloads()
+
+
+def sha(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def result_doc(
+    *,
+    problem: str = "muse_bf16_proj",
+    speedup: float = 1.5,
+    rel: float = 0.005,
+    login: str = "alice",
+    pr: int = 1,
+    head_sha: str | None = None,
+    official: bool = True,
+    status: str = "passed",
+    track: str = "kernel",
+    flags: tuple[str, ...] = (),
+    workloads: list[str] | None = None,
+) -> dict[str, Any]:
+    """A result as the evaluator writes it: every workload at `speedup` (so the geometric mean is
+    `speedup`), medians known to +-`rel`, baselines at 100 us."""
+    names = workloads if workloads is not None else (WORKLOADS[problem] if track == "kernel" else ["c1", "c4"])
+    perf = []
+    for w in names:
+        base, sub = 100.0, 100.0 / speedup
+        perf.append({
+            "workload": w, "median_us": sub, "interval_us": [sub * (1 - rel), sub * (1 + rel)], "n": 50,
+            "baseline_median_us": base, "baseline_interval_us": [base * (1 - rel), base * (1 + rel)],
+            "speedup": base / sub, "samples_us": [sub] * 3, "baseline_samples_us": [base] * 3,
+        })
+    lo = [p["baseline_interval_us"][0] / p["interval_us"][1] for p in perf]
+    hi = [p["baseline_interval_us"][1] / p["interval_us"][0] for p in perf]
+
+    def gm(xs: list[float]) -> float:
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    head = head_sha or sha(f"head-{pr}")
+    doc = {
+        "schema_version": 1,
+        "track": track,
+        "problem": problem if track == "kernel" else "serving",
+        "submission": {
+            "path": f"submissions/{track}/{problem}/{login}/submission.py",
+            "blob_sha": sha(f"blob-{pr}-{login}"),
+            "login": login if official else None,
+            "pr": pr if official else None,
+            "head_sha": head if official else None,
+        },
+        "status": status,
+        "official": official,
+        "mode": {"device": "cuda" if official else "cpu", "model": "full" if official else "smoke",
+                 "timing": "cuda-graph" if official else "wall-clock (unofficial)",
+                 "seeds": "secret" if official else "public"},
+        "error": None,
+        "correctness": [{"shape": w, "kind": "workload", "passed": True, "seeds": 8, "outputs": {}} for w in names],
+        "performance": perf,
+        "score": {"speedup": gm([p["speedup"] for p in perf]), "time_us": gm([p["median_us"] for p in perf]),
+                  "interval": [gm(lo), gm(hi)]},
+        "flags": [{"code": f, "message": f"{f} flagged", "line": None} for f in flags],
+        "environment": {"gpu": "NVIDIA H200" if official else None, "torch": "2.13.0", "python": "3.11",
+                        "harness_commit": None, "extra": "dropped from the ledger"},
+        "baseline": f"reference/{problem}.py:baseline",
+        "started_at": "2026-10-22T09:00:00.000Z",
+        "finished_at": "2026-10-22T09:05:00.000Z",
+        "signature": None,
+    }
+    validate(doc)
+    return doc
+
+
+def raw(doc: dict[str, Any]) -> bytes:
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def competition(days: int = 2, start: str = "2026-10-22T00:00:00Z", rule: str = "top_at_close",
+                window_hours: int = 24, top: int = 10) -> comp.Competition:
+    """A small competition: a kernel track of `days` days, then a one-day serving track."""
+    s = comp.parse_instant(start)
+    k_end = s + comp.HOUR * 24 * days
+    return comp.parse({
+        "name": "Test Open", "repository": "example/comp",
+        "tracks": {"kernel": {"start": s, "end": k_end},
+                   "serving": {"start": k_end, "end": k_end + comp.HOUR * 24}},
+        "prizes": [{"place": 1, "usd": 100}],
+        "daily_prize": {"usd": 10, "window_hours": window_hours, "rule": rule},
+        "snapshots": {"top": top},
+    })
+
+
+def competition_toml(days: int = 2, rule: str = "top_at_close") -> str:
+    return f"""name = "Test Open"
+repository = "example/comp"
+[tracks.kernel]
+start = 2026-10-22T00:00:00Z
+end = 2026-10-{22 + days:02d}T00:00:00Z
+[tracks.serving]
+start = 2026-10-{22 + days:02d}T00:00:00Z
+end = 2026-10-{23 + days:02d}T00:00:00Z
+[[prizes]]
+place = 1
+usd = 100
+[daily_prize]
+usd = 10
+rule = "{rule}"
+"""
+
+
+def write_competition(root: Path, days: int = 2, rule: str = "top_at_close") -> Path:
+    path = Path(root) / "competition.toml"
+    path.write_text(competition_toml(days, rule))
+    return path

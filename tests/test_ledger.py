@@ -1,0 +1,381 @@
+"""The results ledger: appending (and every refusal), the hash chain across monthly shards, records
+arriving out of time order, markings, `verify` naming the first bad record, and competition.toml."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from ledger_factory import competition_toml, raw, result_doc, sha, write_competition
+from pipeline import competition as comp, ledger as lg
+from pipeline.__main__ import main
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def append(root: Path, doc: dict, *, pr: int, login: str = "alice", merged_at: str = "2026-10-22T10:00:00Z",
+           head: str | None = None, extra: tuple[str, ...] = ("--allow-unofficial",)) -> int:
+    path = root / f"result-{pr}-{head or ''}-{len(list(root.glob('result-*')))}.json"
+    path.write_bytes(raw(doc))
+    return main(["ledger", "append", str(path), "--pr", str(pr), "--login", login,
+                 "--head-sha", head or sha(f"head-{pr}"), "--merged-at", merged_at, "--root", str(root), *extra])
+
+
+def body(doc: dict, *, pr: int, login: str = "alice", at: str = "2026-10-22T10:00:00Z", head: str | None = None) -> dict:
+    return lg.result_record(doc, raw(doc), pr=pr, login=login, head_sha=head or sha(f"head-{pr}"), accepted_at=at,
+                            allow_unofficial=True)
+
+
+def shard_lines(root: Path, name: str) -> list[dict]:
+    return [json.loads(x) for x in (root / "results" / "ledger" / name).read_text().splitlines()]
+
+
+# ---- appending ----
+
+def test_append_records_what_the_board_needs_and_chains_it(tmp_path, capsys):
+    doc = result_doc(pr=7, login="Alice", flags=("below_floor",), status="needs_review")
+    assert append(tmp_path, doc, pr=7, login="Alice", extra=()) == 0
+    assert "record seq 0 to results/ledger/2026-10.jsonl" in capsys.readouterr().out
+    (rec,) = shard_lines(tmp_path, "2026-10.jsonl")
+    assert rec["seq"] == 0 and rec["prev"] == lg.GENESIS and rec["sha256"] == lg.digest(rec)
+    assert (rec["kind"], rec["pr"], rec["login"], rec["accepted_at"], rec["status"]) == (
+        "result", 7, "Alice", "2026-10-22T10:00:00Z", "needs_review")
+    assert rec["flags"] == ["below_floor"] and rec["score"] == doc["score"]
+    assert [w["workload"] for w in rec["workloads"]] == ["M1", "M16", "M32"]
+    assert "samples_us" not in json.dumps(rec), "raw samples stay in the result artifact"
+    assert "extra" not in rec["environment"] and rec["environment"]["gpu"] == "NVIDIA H200"
+    assert rec["result_sha256"] == __import__("hashlib").sha256(raw(doc)).hexdigest()
+    assert not lg.schema_problems(rec) and lg.record_problem(rec) is None
+    line = (tmp_path / "results/ledger/2026-10.jsonl").read_text()
+    assert line == lg.canonical(rec) + "\n", "one canonical JSON line per record"
+    assert main(["ledger", "verify", "--root", str(tmp_path)]) == 0
+    assert "ok: 1 records (1 results, 0 markings) in 1 shard" in capsys.readouterr().out
+
+
+def test_a_late_record_goes_to_its_own_month_and_continues_the_chain(tmp_path):
+    assert append(tmp_path, result_doc(pr=1), pr=1, merged_at="2026-10-31T23:00:00Z") == 0
+    assert append(tmp_path, result_doc(pr=2, login="bob"), pr=2, login="bob", merged_at="2026-11-01T00:00:00Z") == 0
+    # merged before the previous one, recorded after it (a delayed workflow)
+    assert append(tmp_path, result_doc(pr=3, login="carol"), pr=3, login="carol", merged_at="2026-10-31T23:30:00+00:00") == 0
+    october, november = shard_lines(tmp_path, "2026-10.jsonl"), shard_lines(tmp_path, "2026-11.jsonl")
+    assert [r["seq"] for r in october] == [0, 2] and [r["seq"] for r in november] == [1]
+    assert november[0]["prev"] == october[0]["sha256"] and october[1]["prev"] == november[0]["sha256"]
+    assert october[1]["accepted_at"] == "2026-10-31T23:30:00Z"
+    assert [r["pr"] for r in lg.verify(tmp_path)] == [1, 2, 3]
+
+
+@FAST
+@given(st.permutations(list(range(6))), st.lists(st.integers(0, 60 * 24 * 40), min_size=6, max_size=6))
+def test_records_in_any_arrival_order_are_all_kept(tmp_path_factory, order, minutes):
+    root = tmp_path_factory.mktemp("ledger")
+    for i in order:
+        at = comp.format_instant(comp.parse_instant("2026-10-20T00:00:00Z") + comp.dt.timedelta(minutes=minutes[i]))
+        lg.append(root, body(result_doc(pr=i + 1, login=f"c{i}"), pr=i + 1, login=f"c{i}", at=at))
+    records = lg.verify(root)
+    assert [r["pr"] for r in records] == [i + 1 for i in order], "seq is arrival order"
+    for r in records:
+        assert lg.shard_name(r["accepted_at"]) in {p.name for p in (root / "results/ledger").iterdir()}
+
+
+REFUSALS = {
+    "unofficial without --allow-unofficial": (lambda: result_doc(official=False), {}, (), "--allow-unofficial"),
+    "fails the schema": (lambda: {**result_doc(), "score": "fast"}, {}, ("--allow-unofficial",), "result.schema.json"),
+    "failed status": (lambda: {**result_doc(status="incorrect"), "score": None}, {}, (), "status 'incorrect'"),
+    "not timed": (lambda: {**result_doc(), "score": None, "performance": []}, {}, (), "no score"),
+    "evaluated head differs": (lambda: result_doc(), {"head": sha("other")}, (), "merged head must be the evaluated"),
+    "evaluated PR differs": (lambda: result_doc(pr=2), {}, (), "evaluated for pr 2"),
+    "another competitor's result": (lambda: result_doc(login="mallory"), {}, (), "belongs to 'mallory'"),
+    "partial run": (lambda: result_doc(workloads=["M1"]), {}, (), "a partial run"),
+    "unknown problem": (lambda: result_doc(problem="muse_nope", workloads=["M1"]), {}, (), "not in problems/"),
+    "bad login": (lambda: result_doc(login="not a login"), {"login": "not a login"}, (), "not a GitHub login"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_append_refuses(tmp_path, capsys, case):
+    make, kwargs, extra, message = REFUSALS[case]
+    doc = make()
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(doc))
+    code = main(["ledger", "append", str(path), "--pr", "1", "--login", kwargs.get("login", "alice"),
+                 "--head-sha", kwargs.get("head", sha("head-1")), "--merged-at", "2026-10-22T10:00:00Z",
+                 "--root", str(tmp_path), *extra])
+    err = capsys.readouterr().err
+    assert code == 1 and message in err, err
+    assert err.startswith("refused: ")
+    assert not (tmp_path / "results/ledger/2026-10.jsonl").exists(), "nothing is written on a refusal"
+
+
+def test_append_refuses_a_duplicate(tmp_path, capsys):
+    doc = result_doc(pr=4)
+    assert append(tmp_path, doc, pr=4) == 0
+    assert append(tmp_path, doc, pr=4) == 1
+    assert "PR #4 at head" in capsys.readouterr().err
+    # the same result file recorded again under another PR (a local result names no PR)
+    local = result_doc(official=False)
+    assert append(tmp_path, local, pr=5) == 0
+    assert append(tmp_path, local, pr=6, head=sha("x")) == 1
+    assert "already recorded for PR #5" in capsys.readouterr().err
+    assert len(lg.verify(tmp_path)) == 2
+
+
+def test_append_usage_errors(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    path.write_bytes(raw(result_doc()))
+    base = ["ledger", "append", str(path), "--pr", "1", "--login", "alice", "--head-sha", sha("head-1"),
+            "--root", str(tmp_path)]
+    assert main(base + ["--merged-at", "2026-10-22T10:00:00"]) == 2
+    assert "no time zone" in capsys.readouterr().err
+    assert main(base + ["--merged-at", "2026-10-22T10:00:00.5Z"]) == 2
+    assert main(base + ["--merged-at", "yesterday"]) == 2
+    missing = ["ledger", "append", str(tmp_path / "nope.json"), "--pr", "1", "--login", "a", "--head-sha", sha("h"),
+               "--merged-at", "2026-10-22T10:00:00Z", "--root", str(tmp_path)]
+    assert main(missing) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["ledger", "append", str(path), "--login", "alice"])
+    assert exc.value.code == 2
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["ledger", "append", str(tmp_path / "bad.json"), *base[3:], "--merged-at", "2026-10-22T10:00:00Z"]) == 1
+
+
+def test_the_signature_check_is_called_on_append(tmp_path, capsys, monkeypatch):
+    seen = []
+
+    def refuse(doc):
+        seen.append(doc["submission"]["pr"])
+        raise lg.LedgerRefusal("the runner's signature does not verify")
+
+    monkeypatch.setattr(lg, "check_signature", refuse)
+    assert append(tmp_path, result_doc(pr=3), pr=3) == 1
+    assert seen == [3] and "signature does not verify" in capsys.readouterr().err
+
+
+def test_append_refuses_to_extend_a_broken_chain(tmp_path, capsys):
+    assert append(tmp_path, result_doc(pr=1), pr=1) == 0
+    shard = tmp_path / "results/ledger/2026-10.jsonl"
+    shard.write_text(shard.read_text().replace('"speedup":1.5', '"speedup":2.5', 1))
+    assert append(tmp_path, result_doc(pr=2, login="bob"), pr=2, login="bob") == 1
+    assert "does not verify" in capsys.readouterr().err
+    assert len(shard.read_text().splitlines()) == 1
+
+
+# ---- markings ----
+
+def test_disqualify_and_clear(tmp_path, capsys):
+    assert append(tmp_path, result_doc(pr=1), pr=1) == 0
+    assert append(tmp_path, result_doc(pr=2, login="bob", status="needs_review", flags=("below_floor",)), pr=2,
+                  login="bob") == 0
+    mark = ["--reason", "read the | reference's output", "--by", "organizer", "--root", str(tmp_path)]
+    assert main(["ledger", "disqualify", "--pr", "1", "--at", "2026-11-02T08:00:00Z", *mark]) == 0
+    assert main(["ledger", "disqualify", "--pr", "1", "--at", "2026-11-02T09:00:00Z", *mark]) == 1
+    assert "already disqualified" in capsys.readouterr().err
+    assert main(["ledger", "disqualify", "--pr", "99", *mark]) == 1
+    assert "no result of PR #99" in capsys.readouterr().err
+    assert main(["ledger", "disqualify", "--pr", "1", "--at", "2026-10-01T00:00:00Z", *mark]) == 1
+    assert main(["ledger", "clear", "--pr", "2", "--at", "2026-10-23T00:00:00Z", *mark]) == 0
+    assert main(["ledger", "clear", "--pr", "2", "--at", "2026-10-23T01:00:00Z", *mark]) == 1
+    assert "nothing to clear" in capsys.readouterr().err
+    assert main(["ledger", "disqualify", "--pr", "2", "--by", "not a login", "--reason", "x",
+                 "--root", str(tmp_path)]) == 1
+    records = lg.verify(tmp_path)
+    assert [r["kind"] for r in records] == ["result", "result", "disqualification", "clearance"]
+    dq = records[2]
+    assert dq["target"] == {"pr": 1, "head_sha": sha("head-1")} and dq["login"] == "alice"
+    assert lg.shard_name(dq["at"]) == "2026-11.jsonl" and dq["reason"] == "read the | reference's output"
+    latest = lg.latest_markings(records)
+    assert latest[(1, sha("head-1"))]["kind"] == "disqualification"
+    assert latest[(2, sha("head-2"))]["kind"] == "clearance"
+    # a PR with two recorded heads needs --head-sha
+    assert append(tmp_path, result_doc(pr=1, head_sha=sha("second")), pr=1, head=sha("second")) == 0
+    assert main(["ledger", "clear", "--pr", "1", *mark]) == 1
+    assert "pass --head-sha" in capsys.readouterr().err
+    assert main(["ledger", "clear", "--pr", "1", "--head-sha", sha("head-1"), "--at", "2026-11-03T00:00:00Z", *mark]) == 0
+
+
+# ---- verify ----
+
+def _ledger(n: int) -> dict[str, bytes]:
+    """n sealed records over two months, shards as bytes (verify_shards is pure)."""
+    shards: dict[str, list[str]] = {}
+    prev = lg.GENESIS
+    for i in range(n):
+        at = f"2026-{10 + i % 2}-{10 + i:02d}T12:00:00Z"
+        rec = lg.seal(body(result_doc(pr=i + 1, login=f"c{i}"), pr=i + 1, login=f"c{i}", at=at), i, prev)
+        prev = rec["sha256"]
+        shards.setdefault(lg.shard_name(at), []).append(lg.canonical(rec))
+    return {k: ("\n".join(v) + "\n").encode() for k, v in shards.items()}
+
+
+BASE = _ledger(8)
+
+
+def _locate(shards: dict[str, bytes], seq: int) -> tuple[str, int]:
+    for name, data in shards.items():
+        for i, line in enumerate(data.splitlines()):
+            if json.loads(line)["seq"] == seq:
+                return name, i
+    raise AssertionError(seq)
+
+
+def _edit(shards: dict[str, bytes], seq: int, fn) -> dict[str, bytes]:
+    name, i = _locate(shards, seq)
+    lines = shards[name].splitlines()
+    lines[i] = fn(lines[i])
+    return {**shards, name: b"\n".join(lines) + b"\n"}
+
+
+def _change_value(line: bytes) -> bytes:
+    rec = json.loads(line)
+    rec["score"]["speedup"] *= 1.01
+    return lg.canonical(rec).encode()
+
+
+def _change_and_reseal(line: bytes) -> bytes:
+    rec = json.loads(line)
+    rec["login"] = "mallory"
+    rec["sha256"] = lg.digest(rec)
+    return lg.canonical(rec).encode()
+
+
+def _respace(line: bytes) -> bytes:
+    return json.dumps(json.loads(line), sort_keys=True).encode()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["value", "reseal", "respace", "delete", "duplicate", "swap", "truncate", "garbage"]),
+       st.integers(0, 6))
+def test_verify_names_the_first_bad_record(mutation, seq):
+    shards = copy.deepcopy(BASE)
+    if mutation == "value":
+        bad, expect = _edit(shards, seq, _change_value), f"(record seq {seq}): its sha256 does not match"
+    elif mutation == "reseal":  # the attacker recomputes the record's own hash: the next record's prev breaks
+        bad, expect = _edit(shards, seq, _change_and_reseal), f"(record seq {seq + 1}): its prev does not match"
+    elif mutation == "respace":
+        bad, expect = _edit(shards, seq, _respace), f"(record seq {seq}): not in canonical form"
+    elif mutation == "delete":
+        name, i = _locate(shards, seq)
+        lines = shards[name].splitlines()
+        del lines[i]
+        bad, expect = {**shards, name: b"".join(x + b"\n" for x in lines)}, f"record seq {seq} is missing"
+    elif mutation == "duplicate":
+        name, i = _locate(shards, seq)
+        lines = shards[name].splitlines()
+        lines.insert(i, lines[i])
+        bad, expect = {**shards, name: b"\n".join(lines) + b"\n"}, f"(record seq {seq}): comes after seq {seq}"
+    elif mutation == "swap":
+        name, i = _locate(shards, seq)
+        lines = shards[name].splitlines()
+        j = i + 1 if i + 1 < len(lines) else i - 1
+        lines[i], lines[j] = lines[j], lines[i]
+        bad, expect = {**shards, name: b"\n".join(lines) + b"\n"}, "comes after seq"
+    elif mutation == "truncate":
+        name, _ = _locate(shards, seq)
+        bad, expect = {**shards, name: shards[name][:-1]}, "the last line has no newline"
+    else:
+        name, i = _locate(shards, seq)
+        lines = shards[name].splitlines()
+        lines[i] = lines[i][: len(lines[i]) // 2]
+        bad, expect = {**shards, name: b"\n".join(lines) + b"\n"}, f"line {i + 1}: not a JSON record"
+    with pytest.raises(lg.LedgerBroken) as exc:
+        lg.verify_shards(bad)
+    assert expect in str(exc.value), str(exc.value)
+
+
+def test_verify_checks_the_shard_and_record_shape():
+    assert len(lg.verify_shards(BASE)) == 8
+    name, i = _locate(BASE, 3)
+    other = "2026-10.jsonl" if name == "2026-11.jsonl" else "2026-11.jsonl"
+    lines = BASE[name].splitlines()
+    into_other = sorted(BASE[other].splitlines() + [lines[i]], key=lambda x: json.loads(x)["seq"])
+    moved = {name: b"".join(x + b"\n" for k, x in enumerate(lines) if k != i),
+             other: b"".join(x + b"\n" for x in into_other)}
+    with pytest.raises(lg.LedgerBroken, match=f"belongs in {name}"):
+        lg.verify_shards(moved)
+    with pytest.raises(lg.LedgerBroken, match="not a ledger shard"):
+        lg.verify_shards({**BASE, "notes.txt": b""})
+
+    def bad_status(line: bytes) -> bytes:
+        rec = json.loads(line)
+        rec["status"] = "incorrect"
+        rec["sha256"] = lg.digest(rec)
+        return lg.canonical(rec).encode()
+
+    with pytest.raises(lg.LedgerBroken, match=r"\(record seq 7\): not a valid ledger record \(bad status\)"):
+        lg.verify_shards(_edit(BASE, 7, bad_status))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["pr", "head_sha", "accepted_at", "score", "status", "flags", "workloads", "kind", "login"]),
+       st.sampled_from([None, "x", -1, 1.5, [], {}, True]))
+def test_the_hand_check_agrees_with_the_published_record_schema(key, value):
+    rec = lg.seal(body(result_doc(), pr=1), 0, lg.GENESIS)
+    assert lg.record_problem(rec) is None and not lg.schema_problems(rec)
+    rec[key] = value
+    assert (lg.record_problem(rec) is None) == (not lg.schema_problems(rec)), (key, value)
+
+
+def test_verify_from_the_command_line(tmp_path, capsys):
+    assert append(tmp_path, result_doc(pr=1), pr=1) == 0
+    assert append(tmp_path, result_doc(pr=2, login="bob"), pr=2, login="bob") == 0
+    shard = tmp_path / "results/ledger/2026-10.jsonl"
+    lines = shard.read_text().splitlines()
+    shard.write_text(lines[0].replace('"login":"alice"', '"login":"mallory"') + "\n" + lines[1] + "\n")
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "ledger", "verify", "--root", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "results/ledger/2026-10.jsonl line 1 (record seq 0): its sha256 does not match" in proc.stderr
+
+
+# ---- competition.toml ----
+
+def test_the_repository_calendar():
+    c = comp.load()
+    k, s = c.tracks["kernel"], c.tracks["serving"]
+    assert comp.format_instant(k.start) == "2026-10-22T00:00:00Z" and comp.format_instant(k.end) == "2026-11-05T00:00:00Z"
+    assert k.last_minute.strftime("%Y-%m-%d %H:%M") == "2026-11-04 23:59"
+    assert comp.format_instant(s.start) == "2026-11-05T00:00:00Z" and s.last_minute.strftime("%Y-%m-%d %H:%M") == "2026-11-19 23:59"
+    assert [(p.place, p.through, p.usd) for p in c.prizes] == [(1, 1, 50000), (2, 2, 30000), (3, 3, 10000), (4, 4, 3000),
+                                                             (5, 5, 2000), (6, 10, 1000)]
+    assert c.prizes[0].also == "a signed H200"
+    assert (c.daily_usd, c.daily_hours, c.daily_rule, c.rate_limit_per_hour) == (1000, 24, "top_at_close", 10)
+    assert k.runner_labels and s.runner_labels
+    assert len(c.windows("kernel")) == 14 and len(c.windows("serving")) == 15
+    assert not k.contains(k.end) and k.contains(k.start)
+
+
+BAD_CONFIGS = {
+    "rule": ('rule = "top_at_close"', 'rule = "loudest"', "[daily_prize]: rule = 'loudest'"),
+    "order": ("end = 2026-10-24T00:00:00Z", "end = 2026-10-21T00:00:00Z", "[tracks.kernel]: end 2026-10-21T00:00:00Z must be after start"),
+    "hour": ("start = 2026-10-22T00:00:00Z", "start = 2026-10-22T00:30:00Z", "must fall on a whole hour"),
+    "zone": ("start = 2026-10-22T00:00:00Z", "start = 2026-10-22T00:00:00", "must be a UTC date-time"),
+    "track": ("[tracks.serving]", "[tracks.dancing]", "unknown track(s) ['dancing']"),
+    "prize": ("usd = 100", "usd = \"lots\"", "`usd` must be a int"),
+    "repo": ('repository = "example/comp"', 'repository = "comp"', "`repository` must be owner/name"),
+    "toml": ("[[prizes]]", "[[prizes]", "invalid TOML"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_competition_errors_name_what_to_fix(tmp_path, case):
+    old, new, message = BAD_CONFIGS[case]
+    text = competition_toml()
+    assert old in text
+    path = tmp_path / "competition.toml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(comp.CompetitionError) as exc:
+        comp.load(path)
+    assert message in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_a_missing_competition_is_a_usage_error(tmp_path, capsys):
+    assert main(["board", "--root", str(tmp_path), "--no-plots"]) == 2
+    assert "competition.toml does not exist" in capsys.readouterr().err
+    write_competition(tmp_path)
+    assert main(["prizes", "--root", str(tmp_path), "--now", "2026-10-22"]) == 2
