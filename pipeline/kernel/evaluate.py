@@ -18,7 +18,6 @@ import secrets
 import select
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -282,22 +281,6 @@ def _params_summary(shape: Shape, problem: Problem) -> dict[str, Any]:
     return out
 
 
-def _summary(samples: list[float]) -> dict[str, Any]:
-    ordered = sorted(samples)
-    n = len(ordered)
-    median = statistics.median(ordered)
-    mean = statistics.fmean(ordered)
-    cv = statistics.pstdev(ordered) / mean if n > 1 and mean > 0 else 0.0
-    return {
-        "median_us": median,
-        "min_us": ordered[0],
-        "p10_us": ordered[int(0.1 * (n - 1))],
-        "p90_us": ordered[int(0.9 * (n - 1))],
-        "cv": cv,
-        "n": n,
-    }
-
-
 def evaluate(submission: Path, problem: Problem, options: Options | None = None) -> dict[str, Any]:
     """Run the whole evaluation and return the result document (valid against the schema)."""
     opts = options or Options()
@@ -484,7 +467,6 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
 
 def _time_workloads(child, problem, workloads, device, opts, doc, fail) -> None:
     ref_mod = problem.reference
-    speedups, medians = [], []
     for shape in workloads:
         # Timing inputs come from their own public stream: timing needs valid data, not secret data.
         inputs = ref_mod.make_inputs(shape, seedlib.public_seed(problem.name, shape.name, 10_000), device)
@@ -500,13 +482,14 @@ def _time_workloads(child, problem, workloads, device, opts, doc, fail) -> None:
                 fail(reply.get("status", "runtime_error"), reply)
                 return
             figures[target] = reply["samples_us"]
-        sub, base = _summary(figures["submission"]), _summary(figures["baseline"])
+        sub, base = timing_summary(figures["submission"]), timing_summary(figures["baseline"])
         speedup = base["median_us"] / sub["median_us"]
         floor = ref_mod.floor(shape)
         doc["performance"].append({
             "workload": shape.name,
             **sub,
             "baseline_median_us": base["median_us"],
+            "baseline_interval_us": base["interval_us"],
             "speedup": speedup,
             "floor_us": None,
             "floor": floor,
@@ -514,10 +497,7 @@ def _time_workloads(child, problem, workloads, device, opts, doc, fail) -> None:
             "samples_us": figures["submission"],
             "baseline_samples_us": figures["baseline"],
         })
-        speedups.append(speedup)
-        medians.append(sub["median_us"])
-    if speedups:
-        doc["score"] = {"speedup": geomean(speedups), "time_us": geomean(medians)}
+    _score(doc)
 
 
 # ---- the official GPU timing, parent side ----
