@@ -34,7 +34,6 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from operator import attrgetter
-from pathlib import Path
 from typing import Any, Iterable
 
 from pipeline.competition import Competition, DailyWindow, format_instant, parse_instant
@@ -277,6 +276,11 @@ class DailyResult:
     winner: Entry | None  # the winning competitor's entry (at the close, or their last hour on top)
     hours: list[tuple[str, int]]  # (login, hours on top), most first
 
+    @property
+    def winner_hours(self) -> int:
+        who = self.winner.who if self.winner else None
+        return next((n for login, n in self.hours if login.lower() == who), 0)
+
 
 def daily_results(competition: Competition, specs: list[BoardSpec], instants: list[str],
                   timeline: dict[str, list[HourState]], now: dt.datetime) -> list[DailyResult]:
@@ -415,7 +419,7 @@ def prizes_rows(d: Derived) -> list[dict[str, Any]]:
             "closed": r.closed,
             "winner": None if r.winner is None else r.winner.login,
             "pr": None if r.winner is None else r.winner.pr,
-            "winner_hours": next((n for login, n in r.hours if r.winner and login == r.winner.login), 0),
+            "winner_hours": r.winner_hours,
             "hours_on_top": [{"login": login, "hours": n} for login, n in r.hours],
             "usd": d.competition.daily_usd if r.closed and r.winner else 0,
         })
@@ -507,7 +511,8 @@ def render_board(d: Derived, plots: set[str] | None = None) -> str:
            "share a rank, the earlier accepted listed first (the rules in full are at the end).", ""]
     if d.unofficial:
         out += [f"> **Unofficial results:** {d.unofficial} result{'s' if d.unofficial != 1 else ''} on these "
-                f"boards {'were' if d.unofficial != 1 else 'was'} timed on a CPU, not by the H200 runner (a test or demo ledger); they are marked "
+                f"boards {'were' if d.unofficial != 1 else 'was'} timed on a CPU, not by the H200 runner "
+                "(a test or demo ledger); they are marked "
                 "`unofficial (CPU)`.", ""]
     out += _calendar(d)
     out += _current_window(d, standings)
@@ -670,8 +675,7 @@ def _past_winners(d: Derived) -> list[str]:
                 if r.winner is None:
                     cells.append("-")
                 else:
-                    hours = next(n for login, n in r.hours if login == r.winner.login) if r.hours else 0
-                    cells.append(f"{_who(r.winner.login)} ({hours} h)")
+                    cells.append(f"{_who(r.winner.login)} ({r.winner_hours} h)")
             out.append(f"| {w.index} | {_day(w.close)} | " + " | ".join(cells) + " |")
         out.append("")
     return out

@@ -75,8 +75,9 @@ class Prize:
 
     @property
     def label(self) -> str:
-        places = _ordinal(self.place) if self.through == self.place else f"{_ordinal(self.place)}-{_ordinal(self.through)}"
-        return places
+        if self.through == self.place:
+            return _ordinal(self.place)
+        return f"{_ordinal(self.place)}-{_ordinal(self.through)}"
 
 
 @dataclass(frozen=True)

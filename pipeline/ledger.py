@@ -145,7 +145,8 @@ def record_problem(record: dict[str, Any]) -> str | None:
         return "keys " + ", ".join(filter(None, [f"missing {missing}" if missing else "",
                                                   f"unexpected {extra}" if extra else ""]))
     checks: list[tuple[str, bool]] = [
-        ("record_version", record["record_version"] == RECORD_VERSION and not isinstance(record["record_version"], bool)),
+        ("record_version", record["record_version"] == RECORD_VERSION
+         and not isinstance(record["record_version"], bool)),
         ("prev", _str_match(_HEX64_RE, record["prev"])),
         ("sha256", _str_match(_HEX64_RE, record["sha256"])),
         ("track", record["track"] in ("kernel", "serving")),
@@ -194,14 +195,21 @@ def record_problem(record: dict[str, Any]) -> str | None:
 
 # ---- building records ----
 
-def check_signature(doc: dict[str, Any]) -> None:
+def check_signature(doc: dict[str, Any], *, allow_unofficial: bool = False, key: bytes | None = None) -> None:
     """The runner's signature over the result document: raise LedgerRefusal when it does not verify.
 
-    Signing does not exist yet (a later issue adds an HMAC over the result by a key held on the runner
-    host); until then every signature, `null` included, is accepted here, and the only guard is that an
-    unofficial result needs --allow-unofficial. The signing issue fills in this body.
+    Every result needs a signature made with the runner host's key ($PIPELINE_RESULT_KEY_FILE), except an
+    unofficial result appended with --allow-unofficial (tests and demos), which may be unsigned.
     """
-    return None
+    from pipeline import signing
+
+    if doc.get("signature") is None and allow_unofficial and not doc.get("official"):
+        return
+    try:
+        signing.verify(doc, key if key is not None else signing.load_key())
+    except signing.SignatureError as exc:
+        raise LedgerRefusal(f"the result's signature does not verify: {exc}. Record only the result.json that the "
+                            "runner signed, unchanged.") from None
 
 
 def result_record(
@@ -228,7 +236,6 @@ def result_record(
     except ResultError as exc:
         raise LedgerRefusal(f"{source}: {exc}\nOnly a result written by the evaluator can be recorded; "
                             "re-run the evaluation rather than editing its result.") from None
-    check_signature(doc)
     if not isinstance(pr, int) or pr < 1:
         raise LedgerRefusal(f"--pr {pr!r}: a pull request number is a positive integer")
     if not LOGIN_RE.match(login or ""):
@@ -241,6 +248,7 @@ def result_record(
             f"{source} is unofficial (device {doc['mode']['device']}, {doc['mode']['seeds']} seeds): only the "
             "runner's official results are recorded. Evaluate it on the runner (the run-eval label), or pass "
             "--allow-unofficial for a test or demo ledger (the board marks such results).")
+    check_signature(doc, allow_unofficial=allow_unofficial)
     if doc["official"] and (sub["pr"] is None or sub["head_sha"] is None):
         raise LedgerRefusal(f"{source} is official but names no PR or head SHA; the runner always records both")
     for key, given, flag in (("pr", pr, "--pr"), ("head_sha", head_sha, "--head-sha")):
@@ -382,7 +390,8 @@ def verify_shards(shards: dict[str, bytes], check_schema: bool = True) -> list[d
                 record = loads(line)
             except ValueError:
                 raise LedgerBroken(f"{where}: not a JSON record; restore the shard from git") from None
-            if not isinstance(record, dict) or not isinstance(record.get("seq"), int) or isinstance(record["seq"], bool):
+            seq = record.get("seq") if isinstance(record, dict) else None
+            if not isinstance(seq, int) or isinstance(seq, bool):
                 raise LedgerBroken(f"{where}: not a ledger record (no integer seq); restore the shard from git")
             if record["seq"] <= last_seq:
                 raise LedgerBroken(f"{where} (record seq {record['seq']}): comes after seq {last_seq} in its shard; "

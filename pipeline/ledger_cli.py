@@ -115,7 +115,7 @@ def ledger(args: argparse.Namespace) -> int:
             return OK
         if args.action == "append":
             return _append(args)
-        at = format_instant(_now(argparse.Namespace(now=args.at))) if args.at else lg.now_instant()
+        at = format_instant(parse_instant(args.at, "--at")) if args.at else lg.now_instant()
         record, path = lg.append(args.root, lambda records: lg.marking_record(
             records, args.kind, pr=args.pr, head_sha=args.head_sha, reason=args.reason, by=args.by, at=at))
         print(f"appended {args.kind} of PR #{args.pr} (@{record['login']}, {record['problem']}) as record seq "
@@ -184,42 +184,40 @@ def board(args: argparse.Namespace) -> int:
     except lg.LedgerBroken as exc:
         return _error(REFUSED, str(exc))
     root = Path(args.root)
-    plots: set[str] = set()
     written: list[str] = []
-    if not args.no_plots and not args.check:
-        wanted = set()
+    digests = {s.id: bd.plot_digest(d, s) for s in d.specs}
+    current = {s.id for s in d.specs if digests[s.id] and (root / bd.plot_path(s)).is_file()
+               and bd.png_description((root / bd.plot_path(s)).read_bytes()) == f"series sha256 {digests[s.id]}"}
+    if args.no_plots:
+        plots = {s.id for s in d.specs if (root / bd.plot_path(s)).is_file()}
+    else:
+        plots = {s.id for s in d.specs if digests[s.id]}
+    text = bd.render_board(d, plots).encode()
+    target = root / "leaderboard.md"
+    if args.check:
+        stale = sorted(bd.plot_path(s) for s in d.specs if s.id in plots - current) if not args.no_plots else []
+        if (target.read_bytes() if target.is_file() else b"") != text or stale:
+            what = ", ".join([_rel(target, root)] + stale)
+            return _error(REFUSED, f"{what}: not what the ledger gives; regenerate with `python -m pipeline board`")
+        print(f"{_rel(target, root)} is up to date")
+        return OK
+    if not args.no_plots:
         for spec in d.specs:
-            digest = bd.plot_digest(d, spec)
-            if digest is None:
-                continue
-            path = root / bd.plot_path(spec)
-            plots.add(spec.id)
-            wanted.add(path.name)
-            if path.is_file() and bd.png_description(path.read_bytes()) == f"series sha256 {digest}":
+            if spec.id not in plots or spec.id in current:
                 continue
             try:
                 png = bd.render_plot(d, spec)
             except ImportError:
                 return _error(USAGE, "the plots need matplotlib: pip install matplotlib, or pass --no-plots")
-            if png is not None and _write_if_changed(path, png):
+            if png is not None and _write_if_changed(root / bd.plot_path(spec), png):
                 written.append(bd.plot_path(spec))
         folder = root / "leaderboard"
+        wanted = {Path(bd.plot_path(s)).name for s in d.specs if s.id in plots}
         if folder.is_dir():
-            for stale in sorted(folder.glob("*.png")):
-                if stale.name not in wanted:
-                    stale.unlink()
-                    written.append(f"removed {_rel(stale, root)}")
-    else:
-        plots = {s.id for s in d.specs if (root / bd.plot_path(s)).is_file()}
-    text = bd.render_board(d, plots).encode()
-    target = root / "leaderboard.md"
-    if args.check:
-        current = target.read_bytes() if target.is_file() else b""
-        if current != text:
-            return _error(REFUSED, f"{_rel(target, root)} is not what the ledger gives; regenerate it with "
-                          "`python -m pipeline board`")
-        print(f"{_rel(target, root)} is up to date")
-        return OK
+            for old in sorted(folder.glob("*.png")):
+                if old.name not in wanted:
+                    old.unlink()
+                    written.append(f"removed {_rel(old, root)}")
     if _write_if_changed(target, text):
         written.insert(0, "leaderboard.md")
     print(f"board from {d.records} results: " + (", ".join(written) if written else "nothing changed"))

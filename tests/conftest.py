@@ -29,3 +29,14 @@ def _triton_interpreter_on_cpu(monkeypatch):
     if not HAS_CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     yield
+
+
+# Ledger appends verify signatures with the runner's key; tests sign with a known test key. Set at
+# import, because some test modules build records while they are collected.
+import tempfile  # noqa: E402
+
+from ledger_factory import TEST_KEY  # noqa: E402
+
+_KEY_FILE = Path(tempfile.mkdtemp(prefix="muse-test-key-")) / "result-signing.key"
+_KEY_FILE.write_bytes(TEST_KEY)
+os.environ["PIPELINE_RESULT_KEY_FILE"] = str(_KEY_FILE)

@@ -12,7 +12,6 @@ import random
 import shutil
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ledger_factory import PROBLEMS, competition, raw, result_doc, sha, write_competition
@@ -234,13 +233,26 @@ def test_cli_outputs_are_byte_identical_across_arrival_orders_and_reruns(tmp_pat
     assert "@ann (#1)" in outputs[0][1]
 
 
-def test_board_check_and_stale_plots(tmp_path, capsys):
+def test_board_check_and_stale_plots(tmp_path, capsys, monkeypatch):
     write_competition(tmp_path)
     lg.append(tmp_path, result(1, "ann", 1.5, at(2)))
     args = ["--root", str(tmp_path), "--now", at(30)]
     assert main(["board", "--check", *args]) == 1
     assert main(["board", *args]) == 0 and main(["board", "--check", *args]) == 0
-    assert (tmp_path / "leaderboard/muse_bf16_proj.png").is_file()
+    png = tmp_path / "leaderboard/muse_bf16_proj.png"
+    assert png.read_bytes().startswith(b"\x89PNG") and bd.png_description(png.read_bytes()).startswith("series sha256 ")
+
+    def no_rendering(*_):
+        raise AssertionError("a plot whose series did not change is not drawn again")
+
+    monkeypatch.setattr(bd, "render_plot", no_rendering)
+    assert main(["board", *args, "--now", at(40)]) == 0, "a later now changes no plot"
+    monkeypatch.undo()
+    png.unlink()
+    capsys.readouterr()
+    assert main(["board", "--check", *args]) == 1
+    assert "leaderboard/muse_bf16_proj.png: not what the ledger gives" in capsys.readouterr().err
+    assert main(["board", *args]) == 0 and png.is_file()
     lg.append(tmp_path, lambda records: disqualify(records, 1, at(3)))
     assert main(["board", "--check", *args]) == 1
     assert main(["board", *args]) == 0
@@ -258,13 +270,13 @@ arrivals = st.lists(st.tuples(st.sampled_from(["ann", "bob", "cat"]), st.sampled
 def _hour_by_hour(spec: list[tuple], c: comp.Competition) -> tuple[dict[str, str], int]:
     """Run `snapshots` every hour on the records that had arrived by then; (files, rewrites)."""
     bodies = [result(i + 1, login, s, at(minute / 60)) for i, (login, s, minute, _) in enumerate(spec)]
-    arrive = [comp.parse_instant(b["accepted_at"]) + dt.timedelta(minutes=late) for b, (*_, late) in zip(bodies, spec)]
+    arrive = [comp.parse_instant(b["accepted_at"]) + dt.timedelta(minutes=late) for b, (*_, late) in zip(bodies, spec, strict=True)]
     order = sorted(range(len(bodies)), key=lambda i: (arrive[i], i))
     files: dict[str, str] = {}
     rewrites = 0
     for hour in c.snapshot_instants(START + dt.timedelta(days=3)):
         arrived = chain([bodies[i] for i in order if arrive[i] <= hour])
-        for rel, text, md in bd.snapshots(derive(arrived, comp.format_instant(hour), c)):
+        for rel, text, _ in bd.snapshots(derive(arrived, comp.format_instant(hour), c)):
             if rel in files and files[rel] != text:
                 rewrites += 1
             files[rel] = text

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ledger_factory import competition_toml, raw, result_doc, sha, write_competition
+from ledger_factory import competition_toml, raw, resign, result_doc, sha, write_competition
 from pipeline import competition as comp, ledger as lg
 from pipeline.__main__ import main
 
@@ -87,8 +87,12 @@ def test_records_in_any_arrival_order_are_all_kept(tmp_path_factory, order, minu
 REFUSALS = {
     "unofficial without --allow-unofficial": (lambda: result_doc(official=False), {}, (), "--allow-unofficial"),
     "fails the schema": (lambda: {**result_doc(), "score": "fast"}, {}, ("--allow-unofficial",), "result.schema.json"),
-    "failed status": (lambda: {**result_doc(status="incorrect"), "score": None}, {}, (), "status 'incorrect'"),
-    "not timed": (lambda: {**result_doc(), "score": None, "performance": []}, {}, (), "no score"),
+    "failed status": (lambda: resign({**result_doc(status="incorrect"), "score": None}), {}, (), "status 'incorrect'"),
+    "not timed": (lambda: resign({**result_doc(), "score": None, "performance": []}), {}, (), "no score"),
+    "tampered after signing": (lambda: {**result_doc(), "status": "needs_review"}, {}, (), "changed after signing"),
+    "unsigned official result": (lambda: {**result_doc(), "signature": None}, {}, ("--allow-unofficial",), "not signed"),
+    "signed with another key": (lambda: __import__("pipeline.signing").signing.sign(
+        {**result_doc(), "signature": None}, b"z" * 48), {}, (), "not this runner's key"),
     "evaluated head differs": (lambda: result_doc(), {"head": sha("other")}, (), "merged head must be the evaluated"),
     "evaluated PR differs": (lambda: result_doc(pr=2), {}, (), "evaluated for pr 2"),
     "another competitor's result": (lambda: result_doc(login="mallory"), {}, (), "belongs to 'mallory'"),
@@ -148,7 +152,7 @@ def test_append_usage_errors(tmp_path, capsys):
 def test_the_signature_check_is_called_on_append(tmp_path, capsys, monkeypatch):
     seen = []
 
-    def refuse(doc):
+    def refuse(doc, **_):
         seen.append(doc["submission"]["pr"])
         raise lg.LedgerRefusal("the runner's signature does not verify")
 
