@@ -154,8 +154,3 @@ VERBS.update(_ledger_cli.VERBS)
 from pipeline import signing_cli as _signing_cli  # noqa: E402
 
 VERBS.update(_signing_cli.VERBS)
-
-# ---- the GitHub flow: `validate`, `gate`, `fetch-submission`, `post-result`, `pr-facts` (pipeline/github_cli.py) ----
-from pipeline import github_cli as _github_cli  # noqa: E402
-
-VERBS.update(_github_cli.VERBS)
