@@ -1,0 +1,61 @@
+"""Wall time of a full official evaluation of each problem's template (8 seeds, every shape, the
+official timing), and the baseline's median against the analytic floor for every workload. GPU only.
+
+    python benchmarks/official_eval.py [--problem NAME ...] [--seeds 8] [--json OUT]
+
+Prints a markdown table ready for docs/BENCHMARKS.md. Each evaluation runs in its own process; the
+first compile of a Triton kernel is in the figure unless the cache is warm (run twice to see both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline.problems import list_problems  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--problem", action="append")
+    ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    rows, walls = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.problem or list_problems():
+            out = Path(tmp) / f"{name}.json"
+            t0 = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "pipeline", "evaluate", f"problems/{name}/template.py",
+                                   "--seeds", str(args.seeds), "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+            walls[name] = time.monotonic() - t0
+            if not out.exists():
+                print(f"{name}: no result\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}", flush=True)
+                continue
+            doc = json.loads(out.read_text())
+            print(f"{name}: {doc['status']} in {walls[name]:.1f} s", flush=True)
+            for p in doc["performance"]:
+                rows.append({"problem": name, "workload": p["workload"], "baseline_us": p["baseline_median_us"],
+                             "template_us": p["median_us"], "floor_us": p["floor_us"],
+                             "baseline_over_floor": p["baseline_median_us"] / p["floor_us"] if p["floor_us"] else None,
+                             "status": doc["status"], "wall_s": walls[name]})
+    print("\n| problem | workload | baseline us | template us | floor us | baseline / floor | evaluation wall s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        ratio = f"{r['baseline_over_floor']:.2f}x" if r["baseline_over_floor"] else "-"
+        print(f"| {r['problem']} | {r['workload']} | {r['baseline_us']:,.1f} | {r['template_us']:,.1f} | "
+              f"{r['floor_us']:,.1f} | {ratio} | {r['wall_s']:.0f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "wall_s": walls}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
