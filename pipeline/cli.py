@@ -24,6 +24,9 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, help="seeds per shape (default: 8 on a GPU, 3 on a CPU)")
     p.add_argument("--shape", action="append", help="check only this shape (repeatable)")
     p.add_argument("--no-timing", action="store_true", help="check correctness only")
+    p.add_argument("--meta", type=Path, metavar="JSON",
+                   help="the submission's facts written by fetch-submission (pr, head_sha, login, path, blob_sha); "
+                        "recorded in the result after the file's blob SHA is checked against them")
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -60,6 +63,22 @@ def evaluate(args: argparse.Namespace) -> int:
     from pipeline import report
     from pipeline.kernel.evaluate import Options, evaluate as run_evaluation
     from pipeline.kernel.seeds import load_secret
+    from pipeline.result import git_blob_sha
+
+    meta = {}
+    if args.meta:
+        try:
+            meta = json.loads(args.meta.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            return _usage(f"--meta {args.meta}: cannot read it ({exc}); pass the file fetch-submission wrote")
+        if not isinstance(meta, dict):
+            return _usage(f"--meta {args.meta}: expected a JSON object")
+        actual = git_blob_sha(args.submission.read_bytes())
+        if meta.get("blob_sha") != actual:
+            return _usage(f"{args.submission} has blob {actual}, but --meta names {meta.get('blob_sha')}: "
+                          "the file is not the one that was fetched and verified")
+        if meta.get("problem") and meta["problem"] != problem.name:
+            return _usage(f"--meta names problem {meta['problem']!r}, but the evaluation is for {problem.name!r}")
 
     options = Options(
         device=args.device,
@@ -68,6 +87,7 @@ def evaluate(args: argparse.Namespace) -> int:
         secret=load_secret(),
         timing=not args.no_timing,
         shapes=args.shape,
+        submission_meta={k: meta[k] for k in ("path", "login", "pr", "head_sha") if k in meta},
     )
     doc = run_evaluation(args.submission, problem, options)
     print(report.terminal(doc))
@@ -154,3 +174,13 @@ VERBS.update(_ledger_cli.VERBS)
 from pipeline import signing_cli as _signing_cli  # noqa: E402
 
 VERBS.update(_signing_cli.VERBS)
+
+# ---- the GitHub flow: `validate`, `gate`, `fetch-submission`, `post-result` (pipeline/github_cli.py) ----
+from pipeline import github_cli as _github_cli  # noqa: E402
+
+VERBS.update(_github_cli.VERBS)
+
+# ---- ledger.yml / snapshot.yml: `find-result`, `publish` (pipeline/publish.py) ----
+from pipeline import publish as _publish  # noqa: E402
+
+VERBS.update(_publish.VERBS)

@@ -189,3 +189,20 @@ def test_cli_usage_errors_exit_2_with_a_message(args, needle):
     r = cli(*args)
     assert r.returncode == 2
     assert needle in r.stderr
+
+
+def test_cli_meta_records_the_submission_facts_after_checking_the_blob(tmp_path):
+    sub = ROOT / "problems/muse_bf16_proj/template.py"
+    blob = result.git_blob_sha(sub.read_bytes())
+    facts = {"pr": 7, "head_sha": "a" * 40, "login": "alice", "path": "submissions/kernel/muse_bf16_proj/alice/submission.py",
+             "blob_sha": blob, "problem": "muse_bf16_proj", "track": "kernel"}
+    meta = tmp_path / "submission.json"
+    meta.write_text(json.dumps(facts))
+    out = tmp_path / "r.json"
+    r = cli(sub, "--seeds", "1", "--no-timing", "--meta", meta, "--json", out)
+    assert r.returncode == 0, r.stderr
+    doc = result.read(out)
+    assert doc["submission"] == {k: facts[k] for k in ("pr", "head_sha", "login", "path", "blob_sha")}
+    meta.write_text(json.dumps({**facts, "blob_sha": "b" * 40}))
+    bad = cli(sub, "--seeds", "1", "--no-timing", "--meta", meta)
+    assert bad.returncode == 2 and "not the one that was fetched" in bad.stderr

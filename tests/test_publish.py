@@ -1,0 +1,316 @@
+"""ledger.yml's and snapshot.yml's verbs: `publish` (append, regenerate, commit, push with a compare-and-
+swap on the branch head, redone on the new tip when another writer got there first) against a real git
+remote (a bare repository in a temp folder), and `find-result` (the merged head must be the evaluated
+one) against a stand-in for the GitHub client."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ledger_factory import raw, result_doc, sha, write_competition
+from pipeline import ledger as lg, publish as pub
+from pipeline.__main__ import main
+
+NOW = "2026-10-22T12:00:00Z"
+MERGED = "2026-10-22T10:00:00Z"
+
+
+@pytest.fixture(autouse=True)
+def _plain_git(monkeypatch, tmp_path_factory):
+    # no user or system configuration of this machine may change what git does in these tests
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path_factory.mktemp("gitconfig") / "none"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "test")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "test@example.invalid")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "test")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "test@example.invalid")
+    monkeypatch.delenv(pub.TOKEN_ENV, raising=False)
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def origin(tmp_path) -> Path:
+    bare = tmp_path / "origin.git"
+    git(tmp_path, "init", "--quiet", "--bare", "-b", "main", str(bare))
+    seed = tmp_path / "seed"
+    git(tmp_path, "init", "--quiet", "-b", "main", str(seed))
+    write_competition(seed)
+    (seed / "README.md").write_text("the competition\n")
+    git(seed, "add", "-A")
+    git(seed, "commit", "--quiet", "-m", "seed")
+    git(seed, "push", "--quiet", str(bare), "main")
+    return bare
+
+
+def clone(origin: Path, dest: Path) -> Path:
+    git(dest.parent, "clone", "--quiet", str(origin), str(dest))
+    return dest
+
+
+def head(origin: Path) -> str:
+    return git(origin, "rev-parse", "main")
+
+
+def result_file(tmp_path: Path, pr: int, **kw) -> tuple[Path, str]:
+    head_sha = sha(f"head-{pr}")
+    path = tmp_path / f"result-{pr}.json"
+    path.write_bytes(raw(result_doc(pr=pr, head_sha=head_sha, **kw)))
+    return path, head_sha
+
+
+def publish_ledger(repo: Path, result: Path, pr: int, head_sha: str, login: str = "alice", *extra: str) -> int:
+    return main(["publish", "ledger", str(result), "--pr", str(pr), "--login", login, "--head-sha", head_sha,
+                 "--merged-at", MERGED, "--repo", str(repo), "--now", NOW, "--no-plots", "--backoff", "0", *extra])
+
+
+def ledger_at(origin: Path, tmp_path: Path, name: str = "check") -> list[dict]:
+    return lg.verify(clone(origin, tmp_path / name))
+
+
+def test_publish_ledger_appends_regenerates_and_pushes(origin, tmp_path, capsys):
+    work = clone(origin, tmp_path / "work")
+    before = head(origin)
+    result, head_sha = result_file(tmp_path, 3)
+    assert publish_ledger(work, result, 3, head_sha) == 0
+    assert f"pushed" in capsys.readouterr().out
+    assert git(origin, "rev-parse", "main~1") == before, "one commit on top of the tip it was built on"
+    assert git(origin, "log", "-1", "--format=%s%n%an", "main").splitlines() == [
+        f"ledger: PR #3 (@alice) at {head_sha[:12]}, merged {MERGED}", "muse-pipeline[bot]"]
+    files = git(origin, "ls-tree", "-r", "--name-only", "main").splitlines()
+    assert "results/ledger/2026-10.jsonl" in files and "leaderboard.md" in files
+    assert "results/snapshots/2026-10-22/12.json" in files
+    changed = git(origin, "diff", "--name-only", "main~1", "main").splitlines()
+    assert all(p.startswith(("results/", "leaderboard")) for p in changed), changed
+    (record,) = ledger_at(origin, tmp_path)
+    assert (record["pr"], record["head_sha"], record["accepted_at"]) == (3, head_sha, MERGED)
+    assert git(work, "status", "--porcelain") == "", "the clone the code runs from is never touched"
+    assert git(work, "worktree", "list").count("\n") == 0, "the attempt's worktree is removed"
+
+
+def test_a_push_that_loses_the_race_is_rebuilt_on_the_new_tip(origin, tmp_path):
+    """Another ledger run lands between this run's fetch and its push: the lease fails, the append is
+    recomputed on the new tip (the chain continues from the other record), and the second push lands."""
+    work = clone(origin, tmp_path / "work")
+    other = clone(origin, tmp_path / "other")
+    mine, my_head = result_file(tmp_path, 3)
+    theirs, their_head = result_file(tmp_path, 4, login="bob")
+    args = pub_args(mine, 3, my_head)
+    pauses = []
+
+    def rival(attempt: int) -> None:
+        if attempt == 1:
+            assert publish_ledger(other, theirs, 4, their_head, "bob") == 0
+
+    out = pub.publish(work, pub.ledger_steps(args, mine), "mine", backoff=1.0, before_push=rival,
+                      sleep=pauses.append, log=lambda _: None)
+    assert out.attempts == 2 and len(pauses) == 1 and 0.5 <= pauses[0] <= 1.5
+    records = ledger_at(origin, tmp_path)
+    assert [(r["seq"], r["pr"]) for r in records] == [(0, 4), (1, 3)], "one chain, both records"
+    assert git(origin, "log", "--format=%s", "-2", "main").splitlines() == [
+        "mine", f"ledger: PR #4 (@bob) at {their_head[:12]}, merged {MERGED}"]
+
+
+def pub_args(result: Path, pr: int, head_sha: str, login: str = "alice"):
+    import argparse
+
+    return argparse.Namespace(pr=pr, login=login, head_sha=head_sha, merged_at=MERGED, allow_unofficial=False,
+                              now=NOW, no_plots=True, result=result)
+
+
+def test_a_merge_landing_meanwhile_is_kept(origin, tmp_path):
+    work = clone(origin, tmp_path / "work")
+    other = clone(origin, tmp_path / "other")
+    result, head_sha = result_file(tmp_path, 3)
+
+    def merge(attempt: int) -> None:
+        if attempt == 1:
+            path = other / "submissions/kernel/muse_bf16_proj/bob/submission.py"
+            path.parent.mkdir(parents=True)
+            path.write_text("def custom_kernel(inputs):\n    return None\n")
+            git(other, "add", "-A")
+            git(other, "commit", "--quiet", "-m", "Merge pull request #5")
+            git(other, "push", "--quiet", "origin", "main")
+
+    out = pub.publish(work, pub.ledger_steps(pub_args(result, 3, head_sha), result), "mine", before_push=merge,
+                      sleep=lambda _: None, log=lambda _: None)
+    assert out.attempts == 2
+    files = git(origin, "ls-tree", "-r", "--name-only", "main").splitlines()
+    assert "submissions/kernel/muse_bf16_proj/bob/submission.py" in files
+    assert "results/ledger/2026-10.jsonl" in files
+
+
+def test_recording_again_changes_nothing_and_succeeds(origin, tmp_path, capsys):
+    work = clone(origin, tmp_path / "work")
+    result, head_sha = result_file(tmp_path, 3)
+    assert publish_ledger(work, result, 3, head_sha) == 0
+    tip = head(origin)
+    assert publish_ledger(work, result, 3, head_sha) == 0
+    out = capsys.readouterr().out
+    assert "already in the ledger" in out and "nothing to commit" in out
+    assert head(origin) == tip
+
+
+def test_a_tampered_result_is_refused_and_nothing_is_pushed(origin, tmp_path, capsys):
+    work = clone(origin, tmp_path / "work")
+    doc = result_doc(pr=3, head_sha=sha("head-3"))
+    doc["score"]["speedup"] = 9.0  # after signing
+    result = tmp_path / "tampered.json"
+    result.write_bytes(raw(doc))
+    tip = head(origin)
+    assert publish_ledger(work, result, 3, sha("head-3")) == 1
+    assert "nothing was pushed" in capsys.readouterr().err
+    assert head(origin) == tip
+
+
+def test_a_head_that_is_not_the_evaluated_one_is_refused(origin, tmp_path, capsys):
+    work = clone(origin, tmp_path / "work")
+    result, _ = result_file(tmp_path, 3)
+    tip = head(origin)
+    assert publish_ledger(work, result, 3, "f" * 40) == 1
+    assert "the merged head must be the evaluated one" in capsys.readouterr().err
+    assert head(origin) == tip
+
+
+def test_a_refusal_by_the_server_is_final(origin, tmp_path, capsys):
+    hook = origin / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho 'protected branch hook declined' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    work = clone(origin, tmp_path / "work")
+    result, head_sha = result_file(tmp_path, 3)
+    assert publish_ledger(work, result, 3, head_sha) == 1
+    err = capsys.readouterr().err
+    assert "was refused" in err and "protected branch hook declined" in err and "gave up" not in err
+
+
+def test_it_gives_up_when_the_branch_keeps_moving(origin, tmp_path):
+    work = clone(origin, tmp_path / "work")
+    other = clone(origin, tmp_path / "other")
+    result, head_sha = result_file(tmp_path, 3)
+
+    def always(attempt: int) -> None:
+        (other / f"note-{attempt}.txt").write_text("x")
+        git(other, "add", "-A")
+        git(other, "commit", "--quiet", "-m", f"someone else {attempt}")
+        git(other, "push", "--quiet", "origin", "main")
+
+    with pytest.raises(pub.PublishError, match="gave up after 3 attempts"):
+        pub.publish(work, pub.ledger_steps(pub_args(result, 3, head_sha), result), "mine", attempts=3,
+                    before_push=always, sleep=lambda _: None, log=lambda _: None)
+    assert "results/ledger/2026-10.jsonl" not in git(origin, "ls-tree", "-r", "--name-only", "main")
+
+
+def test_publish_snapshots_backfills_and_pushes_then_has_nothing_to_do(origin, tmp_path, capsys):
+    work = clone(origin, tmp_path / "work")
+    argv = ["publish", "snapshots", "--repo", str(work), "--now", NOW, "--no-plots", "--backoff", "0"]
+    assert main(argv) == 0
+    files = git(origin, "ls-tree", "-r", "--name-only", "main").splitlines()
+    assert {f"results/snapshots/2026-10-22/{h:02d}.json" for h in range(1, 13)} <= set(files)
+    assert "leaderboard.md" in files
+    tip = head(origin)
+    assert main(argv) == 0
+    assert "nothing to commit" in capsys.readouterr().out and head(origin) == tip
+
+
+def test_publish_usage_errors(tmp_path, capsys):
+    result, head_sha = result_file(tmp_path, 3)
+    assert publish_ledger(tmp_path, result, 3, head_sha) == 2
+    assert "not a git clone" in capsys.readouterr().err
+    assert main(["publish", "snapshots", "--repo", str(tmp_path), "--author", "nobody"]) == 2
+    assert "Name <email>" in capsys.readouterr().err
+
+
+def test_lost_race_tells_a_moved_branch_from_a_refusal():
+    assert pub.lost_race("!\tabc:refs/heads/main\t[rejected] (stale info)")
+    assert pub.lost_race("!\tabc:refs/heads/main\t[rejected] (fetch first)")
+    assert pub.lost_race("! [remote rejected] main -> main (cannot lock ref 'refs/heads/main': is at 1 but expected 2)")
+    assert not pub.lost_race("! [remote rejected] main -> main (protected branch hook declined)")
+    assert not pub.lost_race("remote: Repository not found.\nfatal: repository not found")
+
+
+def test_the_push_token_travels_in_the_environment_only():
+    env = pub.git_env("s3cret", "https://github.com")
+    assert env["GIT_CONFIG_COUNT"] == "1" and env["GIT_CONFIG_KEY_0"] == "http.https://github.com/.extraheader"
+    value = env["GIT_CONFIG_VALUE_0"]
+    assert value.startswith("AUTHORIZATION: basic ")
+    assert base64.b64decode(value.split()[-1]) == b"x-access-token:s3cret"
+    assert "GIT_CONFIG_COUNT" not in pub.git_env(None) and pub.git_env(None)["GIT_TERMINAL_PROMPT"] == "0"
+
+
+# ---- find-result ----
+
+class StubGitHub:
+    def __init__(self, pull, runs):
+        self._pull, self._runs, self.since = pull, runs, None
+
+    def pull(self, number):
+        assert number == self._pull.number
+        return self._pull
+
+    def bench_runs(self, since):
+        self.since = since
+        return self._runs
+
+
+def facts(**kw):
+    from pipeline.github import PullFacts
+
+    base = dict(number=12, author="Alice", state="closed", head_sha="a" * 40, head_repo="alice/fork", base_ref="main",
+                merged=True, merged_at="2026-10-23T08:00:00Z", labels=(), changed_files=1, html_url="")
+    base.update(kw)
+    return PullFacts(**base)
+
+
+def run(run_id, head_sha, conclusion="success", pr=12, minutes=0, status="completed"):
+    from pipeline.github import BenchRun
+
+    created = dt.datetime(2026, 10, 23, 7, 0, tzinfo=dt.timezone.utc) + dt.timedelta(minutes=minutes)
+    return BenchRun(run_id, f"bench #{pr} @Alice {head_sha}", created, status, conclusion,
+                    f"https://github.com/o/r/actions/runs/{run_id}", pr, "Alice", head_sha)
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    from pipeline import github
+
+    holder = {}
+    monkeypatch.setattr(github.GitHub, "from_env", classmethod(lambda cls, environ=None, repository=None: holder["gh"]))
+    return holder
+
+
+def test_find_result_names_the_latest_successful_run_of_the_merged_head(stub, tmp_path, capsys):
+    stub["gh"] = StubGitHub(facts(), [run(9, "a" * 40, minutes=30), run(8, "a" * 40, "failure", minutes=40),
+                                     run(7, "a" * 40, minutes=10), run(6, "b" * 40, minutes=50),
+                                     run(5, "a" * 40, pr=13, minutes=55)])
+    out = tmp_path / "github_output"
+    out.write_text("earlier=1\n")
+    assert main(["find-result", "--pr", "12", "--output", str(out)]) == 0
+    assert out.read_text().splitlines() == ["earlier=1", "pr=12", "login=Alice", f"head_sha={'a' * 40}",
+                                            "merged_at=2026-10-23T08:00:00Z", "run_id=9"]
+    assert stub["gh"].since == dt.datetime(2026, 8, 24, 8, 0, tzinfo=dt.timezone.utc)
+    assert "evaluated by bench run 9" in capsys.readouterr().out
+
+
+def test_find_result_refuses_a_merged_head_nobody_evaluated(stub, tmp_path, capsys):
+    stub["gh"] = StubGitHub(facts(head_sha="c" * 40), [run(9, "a" * 40), run(8, "c" * 40, "failure"),
+                                                      run(7, "c" * 40, None, status="in_progress")])
+    out = tmp_path / "github_output"
+    assert main(["find-result", "--pr", "12", "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "which no bench run evaluated successfully (evaluated: aaaaaaaaaaaa)" in err
+    assert "the merged head must be the evaluated one" in err
+    assert not out.exists()
+
+
+def test_find_result_refuses_an_unmerged_pr(stub, capsys):
+    stub["gh"] = StubGitHub(facts(merged=False, merged_at=None, state="closed"), [run(9, "a" * 40)])
+    assert main(["find-result", "--pr", "12"]) == 1
+    assert "#12 is not merged (closed)" in capsys.readouterr().err
