@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from pipeline import result as result_schema
+from pipeline.kernel import sandbox
 from pipeline.kernel import seeds as seedlib
 from pipeline.kernel.check import compare
 from pipeline.kernel.transport import BundleError, fingerprints, read_bundle, write_bundle
@@ -64,6 +65,7 @@ class Options:
     min_accounted: float = 0.85  # reported GPU time / wall time of the timed phase
     limits: Limits = field(default_factory=Limits)
     submission_meta: dict[str, Any] = field(default_factory=dict)
+    sandbox: sandbox.Policy | None = None  # None: from the environment ($PIPELINE_SANDBOX_USER)
 
 
 class ChildFailure(Exception):
@@ -75,10 +77,12 @@ class ChildFailure(Exception):
 class Child:
     """The submission's process, spoken to over two private pipes with JSON lines."""
 
-    def __init__(self, device: str, scratch: Path, deadline: float):
+    def __init__(self, device: str, scratch: Path, deadline: float, policy: sandbox.Policy):
         self.scratch = scratch
         self.deadline = deadline
-        self.log_path = scratch / "child.log"
+        sandbox.prepare_scratch(scratch, policy)
+        sandbox.become_subreaper()
+        self._known_children = sandbox.children()
         req_r, self._req_w = os.pipe()
         self._resp_r, resp_w = os.pipe()
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
@@ -91,20 +95,22 @@ class Child:
         )
         if device == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        self._log = open(self.log_path, "wb")
+        out_r, out_w = os.pipe()
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-u", str(WORKER), "--req-fd", str(req_r), "--resp-fd", str(resp_w),
              "--scratch", str(scratch), "--device", device],
             stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            stdout=out_w,
+            stderr=out_w,
             pass_fds=(req_r, resp_w),
             cwd=scratch,
             env=env,
             start_new_session=True,
+            preexec_fn=sandbox.preexec(policy, device),
         )
-        os.close(req_r)
-        os.close(resp_w)
+        for fd in (req_r, resp_w, out_w):
+            os.close(fd)
+        self._output = sandbox.OutputTail(out_r)
         self._buf = b""
 
     def request(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -158,11 +164,7 @@ class Child:
         return {"status": "runtime_error", "error": why}
 
     def log_tail(self) -> str:
-        try:
-            data = self.log_path.read_bytes()[-LOG_TAIL_CHARS:]
-        except OSError:
-            return ""
-        return data.decode("utf-8", errors="replace")
+        return self._output.text(LOG_TAIL_CHARS)
 
     def close(self) -> None:
         try:
@@ -179,7 +181,6 @@ class Child:
                 os.close(fd)
             except OSError:
                 pass
-        self._log.close()
 
     def kill(self) -> None:
         # The whole process group: a submission's own children die with it.
@@ -191,6 +192,8 @@ class Child:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        # Processes the submission detached from its group were adopted by this process: end them too.
+        self.strays_killed = sandbox.reap_strays(self._known_children)
 
 
 def _scratch_dir() -> Path:
@@ -327,7 +330,9 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         shapes = [s for s in shapes if s.name in opts.shapes]
     scratch = _scratch_dir()
     deadline = time.monotonic() + opts.limits.total
-    child = Child(device, scratch, deadline)
+    policy = opts.sandbox or sandbox.Policy.from_environment()
+    doc["environment"]["sandbox"] = policy.describe()
+    child = Child(device, scratch, deadline, policy)
     current_shape: str | None = None
 
     def fail(status: str, reply: dict[str, Any]) -> None:
@@ -379,6 +384,9 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
     finally:
         child.close()
         shutil.rmtree(scratch, ignore_errors=True)
+        if getattr(child, "strays_killed", 0):
+            doc["flags"].append({"code": "detached_processes", "line": None, "message": (
+                f"{child.strays_killed} process(es) the submission detached from its process group were killed")})
     return _finish(doc)
 
 
