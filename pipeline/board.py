@@ -775,3 +775,26 @@ def render_plot(d: Derived, spec: BoardSpec) -> bytes | None:
     finally:
         plt.close(fig)
     return buf.getvalue()
+
+
+# ---- the would-be rank a PR comment shows ----
+
+def would_be_rank(records: Iterable[dict[str, Any]], competition: Competition,
+                  problems: dict[str, tuple[str, tuple[str, ...]]], doc: dict[str, Any], at: str) -> str | None:
+    """Where `doc` would stand if it were accepted at `at`, against the board as the ledger has it now:
+    "3 of 12" (ties share a rank, as on the board), or why it would not move the competitor's entry."""
+    if doc["status"] not in ("passed", "needs_review") or not doc.get("score"):
+        return None
+    _, boards = entries(records, competition, problems)
+    current = [e for e in boards.get(board_id(doc["track"], doc["problem"]), []) if e.state == "ranked"]
+    sub = doc["submission"]
+    candidate = Entry({
+        "accepted_at": at, "pr": sub.get("pr") or 0, "head_sha": sub.get("head_sha") or "0" * 40,
+        "login": sub.get("login") or "(this submission)", "score": doc["score"], "official": doc["official"],
+        "status": doc["status"], "flags": [], "track": doc["track"], "problem": doc["problem"], "workloads": [],
+    })
+    rows = rank(score_order(best_per_competitor(current + [candidate])))
+    for place, e in rows:
+        if e is candidate:
+            return f"{place} of {len(rows)}"
+    return "below your own best on the board (it stays)"

@@ -430,6 +430,20 @@ def _post_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-url", help="the bench run's page (default: the workflow_run event's html_url)")
 
 
+def _would_be_rank(doc: dict) -> str | None:
+    """The rank the comment shows, from main's ledger; a comment is still posted if it cannot be had."""
+    from pipeline import board, competition, ledger
+    from pipeline.ledger_cli import problem_workloads
+    from pipeline.problems import REPO_ROOT
+
+    try:
+        return board.would_be_rank(ledger.read(REPO_ROOT), competition.load(), problem_workloads(), doc,
+                                   ledger.now_instant())
+    except Exception as exc:  # noqa: BLE001 - the rank is a courtesy; the verdict must still be posted
+        print(f"note: no would-be rank ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+
 @_run
 def post_result(args: argparse.Namespace) -> int:
     """report.yml: verify a bench run's result.json and post it as the sticky comment and check run.
@@ -488,7 +502,8 @@ def post_result(args: argparse.Namespace) -> int:
         return _error(REFUSED, f"the result is for #{sub['pr']}, but commit {head} belongs to #{pull.number}")
     if sub["login"] is not None and sub["login"].lower() != pull.author.lower():
         return _error(REFUSED, f"the result is for @{sub['login']}, but #{pull.number} is by @{pull.author}")
-    body = report.comment_markdown(doc, log_url=log_url)
+    standing = _would_be_rank(doc)
+    body = report.comment_markdown(doc, log_url=log_url, rank=standing)
     comment_id, created = gh.upsert_comment(pull.number, body)
     title = f"{doc['problem']}: {report.VERDICT[doc['status']]}"
     if doc.get("score"):

@@ -394,3 +394,21 @@ def test_a_problem_only_the_ledger_knows_still_gets_a_board():
     d = derive(chain([body]), at(30))
     assert "kernel/muse_retired" in d.entries and d.entries["kernel/muse_retired"][0].login == "ann"
     assert "### `muse_retired`: muse_retired (not in problems/)" in bd.render_board(d)
+
+
+def test_would_be_rank_places_a_new_result_on_the_current_board(tmp_path):
+    c = competition()
+    for i, (who, speed) in enumerate([("alice", 1.5), ("bob", 1.2)]):
+        doc = result_doc(login=who, pr=i + 1, speedup=speed, rel=0.001)
+        lg.append(tmp_path, lg.result_record(doc, raw(doc), pr=i + 1, login=who, head_sha=sha(f"head-{i + 1}"),
+                                             accepted_at="2026-10-22T10:00:00Z"))
+    records = lg.read(tmp_path)
+    at = "2026-10-22T12:00:00Z"
+    assert bd.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=1.3, rel=0.001), at) == "2 of 3"
+    assert bd.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=2.0, rel=0.001), at) == "1 of 3"
+    # inside alice's interval: a tie shares her rank, listed after her (accepted later)
+    assert bd.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=1.5005, rel=0.001), at) == "1 of 3"
+    assert "below your own best" in bd.would_be_rank(records, c, PROBLEMS,
+                                                     result_doc(login="alice", pr=9, speedup=1.1, rel=0.001), at)
+    failed = {**result_doc(login="carol", pr=9), "status": "incorrect", "score": None}
+    assert bd.would_be_rank(records, c, PROBLEMS, failed, at) is None

@@ -314,6 +314,7 @@ def test_a_signed_result_becomes_the_comment_and_the_check_run(fake, tmp_path, k
     ]
     body = fake.comments[7][0]["body"]
     assert "PASSED" in body and "/actions/runs/9100" in body and len(fake.comments[7]) == 1
+    assert "Would-be rank on the current board: 1 of 1" in body  # the repository's ledger holds no result yet
     check = fake.check_runs[0]
     assert (check["head_sha"], check["status"], check["conclusion"]) == (HEAD, "completed", "success")
     assert check["output"]["title"] == "muse_bf16_proj: PASSED, 1.250x"
