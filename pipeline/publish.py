@@ -29,14 +29,13 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-OK, REFUSED, USAGE = 0, 1, 2
+from pipeline.github_cli import OK, REFUSED, USAGE, _error  # noqa: E402 - one way to say no, escaped
 # what the ledger verbs write, relative to the repository root: the only paths a publish commits
 OUTPUTS = ("results", "leaderboard.md", "leaderboard")
 TOKEN_ENV = "PIPELINE_PUSH_TOKEN"
@@ -283,11 +282,6 @@ def publish_verb(args: argparse.Namespace) -> int:
     except PublishError as exc:
         return _error(REFUSED, str(exc))
     return OK
-
-
-def _error(code: int, message: str) -> int:
-    print(("refused: " if code == REFUSED else "error: ") + message, file=sys.stderr)
-    return code
 
 
 # ---- find-result ----

@@ -302,7 +302,7 @@ class Worker:
         for _ in range(int(req.get("repeats", 20))):
             a.append(timing.replay_us(with_call, start, end))
             b.append(timing.replay_us(only_flush, start, end))
-        del with_call, only_flush, flush_buf
+        del with_call, only_flush
         return {"ok": True, "per_call_us": statistics.median(a) - statistics.median(b),
                 "flush_us": statistics.median(b)}
 
