@@ -108,6 +108,7 @@ class Child:
             start_new_session=True,
             preexec_fn=sandbox.preexec(policy, device),
         )
+        sandbox.LIVE_WORKERS.add(self.proc.pid)
         for fd in (req_r, resp_w, out_w):
             os.close(fd)
         self._output = sandbox.OutputTail(out_r)
@@ -192,6 +193,7 @@ class Child:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        sandbox.LIVE_WORKERS.discard(self.proc.pid)
         # Processes the submission detached from its group were adopted by this process: end them too.
         self.strays_killed = sandbox.reap_strays(self._known_children)
 

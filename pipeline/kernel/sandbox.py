@@ -142,14 +142,21 @@ def children() -> set[int]:
     return found
 
 
+LIVE_WORKERS: set[int] = set()  # workers of evaluations still running in this process: never strays
+
+
 def reap_strays(keep: set[int], rounds: int = 20) -> int:
-    """Kill and reap every child of the evaluator that it did not start itself (adopted orphans)."""
+    """Kill and reap every child of the evaluator that it did not start itself (adopted orphans).
+
+    Children that existed before the evaluation (`keep`) and the workers of other evaluations running in
+    this process are spared; anything else this process starts while an evaluation runs would not be,
+    so the runner evaluates in a process of its own (the `evaluate` verb)."""
     import signal
     import time
 
     killed = 0
     for _ in range(rounds):
-        strays = children() - keep
+        strays = children() - keep - LIVE_WORKERS
         if not strays:
             break
         for pid in strays:
