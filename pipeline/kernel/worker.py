@@ -94,7 +94,9 @@ def persisting_l2_reset() -> int | None:
         return None
     if value.value:
         rt.cudaDeviceSetLimit(ctypes.c_int(CUDA_LIMIT_PERSISTING_L2), ctypes.c_size_t(0))
-        torch.cuda.empty_cache()
+    # Lines already marked persisting stay so until reset, whatever the limit says now (the hole
+    # pygpubench closed in its PR #49: a reset alone is not enough, nor is the limit alone).
+    rt.cudaCtxResetPersistingL2Cache()
     return int(value.value)
 
 
