@@ -159,6 +159,18 @@ def _append(args: argparse.Namespace) -> int:
 
 # ---- board, snapshots, prizes ----
 
+def _derived(args: argparse.Namespace):
+    """The derived views for a verb, or the exit code (already explained on stderr) of why not."""
+    from pipeline import ledger as lg
+
+    try:
+        return _derive(args)
+    except (CompetitionError, InstantError) as exc:
+        return _error(USAGE, str(exc))
+    except lg.LedgerBroken as exc:
+        return _error(REFUSED, str(exc))
+
+
 def _derive(args: argparse.Namespace) -> Any:
     from pipeline import board, ledger as lg
 
@@ -175,14 +187,11 @@ def _board_args(p: argparse.ArgumentParser) -> None:
 
 def board(args: argparse.Namespace) -> int:
     """Regenerate leaderboard.md (and a PNG per board of its best score over time) from the ledger alone."""
-    from pipeline import board as bd, ledger as lg
+    from pipeline import board as bd
 
-    try:
-        d = _derive(args)
-    except (CompetitionError, InstantError) as exc:
-        return _error(USAGE, str(exc))
-    except lg.LedgerBroken as exc:
-        return _error(REFUSED, str(exc))
+    d = _derived(args)
+    if isinstance(d, int):
+        return d
     root = Path(args.root)
     written: list[str] = []
     digests = {s.id: bd.plot_digest(d, s) for s in d.specs}
@@ -234,14 +243,11 @@ def snapshots(args: argparse.Namespace) -> int:
     A snapshot that no longer matches the ledger (a record accepted in that hour arrived late, or a
     marking changed a past standing) is rewritten: a snapshot is a function of the ledger alone.
     """
-    from pipeline import board as bd, ledger as lg
+    from pipeline import board as bd
 
-    try:
-        d = _derive(args)
-    except (CompetitionError, InstantError) as exc:
-        return _error(USAGE, str(exc))
-    except lg.LedgerBroken as exc:
-        return _error(REFUSED, str(exc))
+    d = _derived(args)
+    if isinstance(d, int):
+        return d
     base = Path(args.root) / SNAPSHOTS_DIR
     missing = refreshed = 0
     for rel, text, md in bd.snapshots(d):
@@ -264,14 +270,11 @@ def _prizes_args(p: argparse.ArgumentParser) -> None:
 
 def prizes(args: argparse.Namespace) -> int:
     """Print every daily window's winner per board, with hours on top, from the ledger alone."""
-    from pipeline import board as bd, ledger as lg
+    from pipeline import board as bd
 
-    try:
-        d = _derive(args)
-    except (CompetitionError, InstantError) as exc:
-        return _error(USAGE, str(exc))
-    except lg.LedgerBroken as exc:
-        return _error(REFUSED, str(exc))
+    d = _derived(args)
+    if isinstance(d, int):
+        return d
     if args.json:
         print(json.dumps({"now": format_instant(d.now), "rule": d.competition.daily_rule,
                           "windows": bd.prizes_rows(d)}, indent=1, sort_keys=True))
