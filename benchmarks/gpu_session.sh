@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
+# written as it runs (a step cut off by its limit still leaves its log). Steps by name:
+#   bash benchmarks/gpu_session.sh tests official repeat5 repeat20 flush
+# Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
+set -u
+OUT=${OUT:-/tmp/gpu-session}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1
+step() {  # name, seconds, command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s) $(date -u +%H:%M:%S)" | tee -a "$OUT/steps.log"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name rc=$? $(date -u +%H:%M:%S)" | tee -a "$OUT/steps.log"
+  tail -n 15 "$OUT/$name.log"
+}
+for what in "$@"; do
+  case $what in
+    tests) step gpu-tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_problems.py tests/exploits \
+             tests/test_reference_muse_moe_w4a16.py tests/test_reference_layers.py tests/test_reference_muse_attention_decode.py ;;
+    official) step official 540 python3 benchmarks/official_eval.py --json "$OUT/official.json" ;;
+    repeat5) step repeat5 300 python3 benchmarks/repeatability.py problems/muse_bf16_proj/template.py --runs 5 \
+               --json "$OUT/repeat5.json" ;;
+    repeat20) PIPELINE_TIMING_L2_MULTIPLE=20 step repeat20 300 python3 benchmarks/repeatability.py \
+                problems/muse_bf16_proj/template.py --runs 5 --json "$OUT/repeat20.json" ;;
+    flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
+    *) echo "unknown step $what" ;;
+  esac
+done
