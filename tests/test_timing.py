@@ -1,0 +1,58 @@
+"""The pure parts of the official timing method: the median's interval, the stopping rule, k."""
+
+import random
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.kernel import timing
+
+
+def test_the_median_interval_covers_the_true_median_about_95_percent_of_the_time():
+    rng = random.Random(7)
+    hits, trials = 0, 2000
+    for _ in range(trials):
+        xs = [rng.lognormvariate(0, 0.05) for _ in range(60)]
+        lo, hi = timing.median_interval(xs)
+        hits += lo <= 1.0 <= hi  # the lognormal's median is exp(0) = 1
+    assert 0.93 <= hits / trials <= 0.99, hits / trials
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0.1, max_value=1e6, allow_nan=False), min_size=1, max_size=400))
+def test_the_interval_brackets_the_sample_median(xs):
+    lo, hi = timing.median_interval(xs)
+    assert min(xs) <= lo <= statistics.median(xs) <= hi <= max(xs)
+
+
+def test_convergence_needs_fifty_samples_and_a_tight_interval():
+    tight = [100.0 + 0.01 * (i % 7) for i in range(49)]
+    assert not timing.converged(tight)  # one short of the minimum
+    assert timing.converged(tight + [100.0])
+    rng = random.Random(1)
+    noisy = [rng.gauss(100, 5) for _ in range(60)]  # a 5% spread: the +-0.5% interval is not reached yet
+    assert not timing.converged(noisy)
+
+
+def test_summary_reports_what_the_result_schema_names():
+    s = timing.summary([float(x) for x in range(1, 101)])
+    assert s["median_us"] == 50.5 and s["min_us"] == 1.0 and s["n"] == 100
+    assert s["p10_us"] <= s["median_us"] <= s["p90_us"]
+    assert s["interval_us"][0] < 50.5 < s["interval_us"][1]
+    assert s["cv"] == pytest.approx(statistics.pstdev(range(1, 101)) / 50.5)
+
+
+@pytest.mark.parametrize(
+    "per_call_us,sets,expected",
+    [
+        (20.0, 5, 50),  # 1 ms / 20 us, a multiple of 5
+        (1.0, 5, 255),  # capped at 256, kept a multiple of the sets
+        (5000.0, 2, 2),  # a slow call still cycles every set once
+        (333.0, 3, 6),  # ceil(1000 / 333) = 4 -> the next multiple of 3
+    ],
+)
+def test_calls_per_replay(per_call_us, sets, expected):
+    k = timing.choose_calls(per_call_us, sets)
+    assert k == expected and k % sets == 0 and k <= timing.MAX_CALLS_PER_GRAPH
