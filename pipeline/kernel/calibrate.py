@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from pipeline.kernel.check import compare
-from pipeline.kernel.evaluate import _expected
+from pipeline.kernel.evaluate import _expected, check_outputs
 from pipeline.kernel.seeds import public_seed
 from pipeline.problems import REPO_ROOT, Problem
 
@@ -75,7 +74,6 @@ def run_variant(problem: Problem, path: Path, model: str, device: str, seeds: in
         for i in range(seeds):
             inputs = ref_mod.make_inputs(shape, public_seed(problem.name, shape.name, i), device)
             expected = _expected(problem, inputs)
-            masks = ref_mod.written(inputs) if problem.inplace else {}
             mine = _clone(inputs)
             try:
                 out = module.custom_kernel(mine)
@@ -85,10 +83,7 @@ def run_variant(problem: Problem, path: Path, model: str, device: str, seeds: in
                 return report
             got = {"output": out, **{k: mine[k] for k in problem.inplace}}
             shape_ok = True
-            for name, tensor in got.items():
-                dtype = getattr(ref_mod, "OUTPUT_DTYPE", torch.bfloat16) if name == "output" else inputs[name].dtype
-                v = compare(tensor, expected[name], problem.tolerances[name], expected_dtype=dtype,
-                            mask=masks.get(name), pristine=inputs.get(name) if name != "output" else None)
+            for name, v in check_outputs(problem, got, expected, inputs).items():
                 shape_ok &= v["passed"]
                 w = report.worst.setdefault(name, {m: 0.0 for m in METRICS})
                 w["max_abs"] = max(w["max_abs"], v.get("max_abs", math.inf))

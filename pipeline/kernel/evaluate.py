@@ -274,6 +274,20 @@ def _expected(problem: Problem, inputs: dict[str, Any]) -> dict[str, torch.Tenso
     return ref
 
 
+def check_outputs(problem: Problem, got: dict[str, Any], expected: dict[str, torch.Tensor],
+                  inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every output of one call against the reference: the returned tensor, and each input the problem
+    writes in place (its written slots within tolerance, every other element bit-identical to `inputs`)."""
+    ref_mod = problem.reference
+    masks = ref_mod.written(inputs) if problem.inplace else {}
+    verdicts = {"output": compare(got.get("output"), expected["output"], problem.tolerances["output"],
+                                  expected_dtype=getattr(ref_mod, "OUTPUT_DTYPE", torch.bfloat16))}
+    for name in problem.inplace:
+        verdicts[name] = compare(got.get(name), expected[name], problem.tolerances[name],
+                                 expected_dtype=inputs[name].dtype, mask=masks.get(name), pristine=inputs[name])
+    return verdicts
+
+
 def _params_summary(shape: Shape, problem: Problem) -> dict[str, Any]:
     model_keys = set(problem.model[shape.model])
     out = {}
@@ -427,8 +441,6 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
         after_ref = fingerprints({k: v for k, v in inputs.items() if k not in problem.inplace})
         if after_ref != before:
             raise RuntimeError(f"reference of {problem.name} modified its inputs")
-        masks = ref_mod.written(inputs) if problem.inplace else {}
-        pristine = {k: inputs[k] for k in problem.inplace}
         write_bundle(child.scratch / "inputs.bin", inputs)
         poison = expected["output"].numel() * 2
         timeout = opts.limits.first_call if (first and i == 0) else opts.limits.call
@@ -448,17 +460,9 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
             fail("runtime_error", {"error": f"the submission's output could not be read: {exc}"})
             entry.update(passed=False, failed_seed_index=i, reason=str(exc))
             return entry
-        verdicts: dict[str, dict[str, Any]] = {}
+        verdicts = check_outputs(problem, got, expected, inputs)
         if reply.get("output_error"):
             verdicts["output"] = {"passed": False, "reason": reply["output_error"]}
-        else:
-            dtype = problem.reference.OUTPUT_DTYPE if hasattr(problem.reference, "OUTPUT_DTYPE") else torch.bfloat16
-            verdicts["output"] = compare(got.get("output"), expected["output"], problem.tolerances["output"],
-                                         expected_dtype=dtype)
-        for name in problem.inplace:
-            verdicts[name] = compare(got.get(name), expected[name], problem.tolerances[name],
-                                     expected_dtype=pristine[name].dtype, mask=masks.get(name),
-                                     pristine=pristine[name])
         changed = sorted(k for k, v in (reply.get("fingerprints") or {}).items() if before.get(k) != v)
         changed += sorted(k for k in before if k not in (reply.get("fingerprints") or {}))
         if changed:
@@ -560,16 +564,8 @@ def _timing_seed(problem: Problem, shape: Shape, opts: Options, index: int) -> i
 def _check_graph_outputs(child, problem, reply, sets, what) -> str | None:
     for r, name in enumerate(reply["outputs"]):
         got = read_bundle(child.scratch / name, "cuda")
-        expected = _expected(problem, sets[r])
-        masks = problem.reference.written(sets[r]) if problem.inplace else {}
-        for out_name in ("output", *problem.inplace):
-            if out_name == "output":
-                v = compare(got.get("output"), expected["output"], problem.tolerances["output"],
-                            expected_dtype=getattr(problem.reference, "OUTPUT_DTYPE", torch.bfloat16))
-            else:
-                v = compare(got.get(out_name), expected[out_name], problem.tolerances[out_name],
-                            expected_dtype=sets[r][out_name].dtype, mask=masks.get(out_name),
-                            pristine=sets[r][out_name])
+        verdicts = check_outputs(problem, got, _expected(problem, sets[r]), sets[r])
+        for out_name, v in verdicts.items():
             if not v["passed"]:
                 return f"{what}, input set {r}: {out_name}: {v['reason']}"
     return None
