@@ -31,6 +31,7 @@ import torch
 from pipeline import result as result_schema
 from pipeline.kernel import sandbox
 from pipeline.kernel import seeds as seedlib
+from pipeline.kernel import timing
 from pipeline.kernel.check import compare
 from pipeline.kernel.transport import BundleError, fingerprints, read_bundle, write_bundle
 from pipeline.problems import Problem, Shape, geomean
@@ -496,7 +497,7 @@ def _time_workloads(child, problem, workloads, device, opts, doc, fail) -> None:
                 fail(reply.get("status", "runtime_error"), reply)
                 return
             figures[target] = reply["samples_us"]
-        sub, base = timing_summary(figures["submission"]), timing_summary(figures["baseline"])
+        sub, base = timing.summary(figures["submission"]), timing.summary(figures["baseline"])
         speedup = base["median_us"] / sub["median_us"]
         floor = ref_mod.floor(shape)
         doc["performance"].append({
@@ -587,8 +588,6 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
         return False
     # The parent, not the child, fixes the calls per replay and the replays per round, so the only
     # thing the child reports is each replay's duration, and the wall clock bounds their sum.
-    from pipeline.kernel import timing
-
     calls = {t: timing.choose_calls(float(reply["per_call_us"][t]), n_sets) for t in ("baseline", "submission")}
     reply = child.request({"op": "bench_capture", "calls": calls}, opts.limits.first_call)
     if not reply.get("ok"):
@@ -660,7 +659,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
         doc["error"] = {"message": f"the CUDA graph that was timed does not compute the right answer ({why})",
                         "shape": shape.name, "where": None, "traceback": "", "log_tail": child.log_tail()}
         return False
-    sub, base = timing_summary(samples["submission"]), timing_summary(samples["baseline"])
+    sub, base = timing.summary(samples["submission"]), timing.summary(samples["baseline"])
     ceilings = device_ceilings()
     floor = ref_mod.floor(shape)
     floor_us = max(floor["bytes"] / ceilings["copy_bytes_per_s"], floor["flops"] / ceilings["bf16_flops_per_s"]) * 1e6
@@ -694,12 +693,6 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
         doc["flags"].append({"code": "below_floor", "message": f"{shape.name}: {sub['median_us']:.2f} us is below 0.95x "
                              f"the analytic floor of {floor_us:.2f} us; not credited until reviewed", "line": None})
     return True
-
-
-def timing_summary(samples: list[float]) -> dict[str, Any]:
-    from pipeline.kernel.timing import summary
-
-    return summary(samples)
 
 
 def _score(doc: dict[str, Any]) -> None:
