@@ -15,15 +15,33 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int
           torch.int16, torch.int32, torch.int64, torch.bool]
 
 
+@pytest.mark.parametrize("trusted", [False, True], ids=["read", "mapped"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_round_trip_is_bit_exact(tmp_path, dtype):
+def test_round_trip_is_bit_exact(tmp_path, dtype, trusted):
     t = (torch.randn(3, 5, 7) * 100).to(dtype)
-    values = {"t": t, "empty": torch.empty(0, 4, dtype=dtype), "scale": 0.125, "n": 3, "lens": [1, 17, 16]}
+    values = {"t": t, "empty": torch.empty(0, 4, dtype=dtype), "scale": 0.125, "n": 3, "lens": [1, 17, 16],
+              "u": torch.arange(11, dtype=torch.int32)}
     write_bundle(tmp_path / "b", values)
-    back = read_bundle(tmp_path / "b")
+    back = read_bundle(tmp_path / "b", writer_trusted=trusted)
+    assert torch.equal(back["u"], values["u"])
     assert torch.equal(back["t"], t) and back["t"].dtype == dtype and back["t"].shape == t.shape
     assert back["empty"].shape == (0, 4)
     assert back["scale"] == 0.125 and back["n"] == 3 and back["lens"] == [1, 17, 16]
+
+
+def test_a_file_cut_short_after_its_size_was_read_is_refused(tmp_path, monkeypatch):
+    """The child may truncate a file between the reader's size check and its read: the reader counts
+    the bytes it got instead of trusting the size it saw."""
+    write_bundle(tmp_path / "b", {"t": torch.arange(1000, dtype=torch.float32)})
+    real = (tmp_path / "b").stat()
+    (tmp_path / "b").write_bytes((tmp_path / "b").read_bytes()[:-100])
+
+    class Stale:
+        st_size = real.st_size
+
+    monkeypatch.setattr(type(tmp_path), "stat", lambda self, **kw: Stale())
+    with pytest.raises(BundleError, match="ends after"):
+        read_bundle(tmp_path / "b")
 
 
 def _forge(path, header, payload=b""):
