@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
-#   bash benchmarks/gpu_session.sh tests official repeat5 repeat20 flush
+#   bash benchmarks/gpu_session.sh exploits tests official repeat5 repeat5x noise flush
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -20,13 +20,15 @@ step() {  # name, seconds, command...
 }
 for what in "$@"; do
   case $what in
-    tests) step gpu-tests 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_problems.py tests/exploits \
+    exploits) step exploits 300 python3 -m pytest -q -p no:cacheprovider -rA tests/exploits ;;
+    tests) step gpu-tests 420 python3 -m pytest -v -m gpu -p no:cacheprovider -rA tests/test_problems.py \
              tests/test_reference_muse_moe_w4a16.py tests/test_reference_layers.py tests/test_reference_muse_attention_decode.py ;;
     official) step official 540 python3 benchmarks/official_eval.py --json "$OUT/official.json" ;;
     repeat5) step repeat5 300 python3 benchmarks/repeatability.py problems/muse_bf16_proj/template.py --runs 5 \
                --json "$OUT/repeat5.json" ;;
-    repeat20) PIPELINE_TIMING_L2_MULTIPLE=20 step repeat20 300 python3 benchmarks/repeatability.py \
-                problems/muse_bf16_proj/template.py --runs 5 --json "$OUT/repeat20.json" ;;
+    repeat5x) PIPELINE_TIMING_L2_MULTIPLE=5 step repeat5x 300 python3 benchmarks/repeatability.py \
+                problems/muse_bf16_proj/template.py --runs 5 --json "$OUT/repeat5x.json" ;;
+    noise) for i in 1 2 3; do step noise$i 150 python3 benchmarks/noise_sources.py --json "$OUT/noise$i.json"; done ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     *) echo "unknown step $what" ;;
   esac

@@ -23,6 +23,16 @@ sys.path.insert(0, str(ROOT))
 from pipeline.problems import list_problems  # noqa: E402
 
 
+HEADER = ("| problem | workload | baseline us | template us | floor us | baseline / floor | fresh-content / rotation, "
+          "template; baseline | evaluation wall s |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+
+
+def row_line(r: dict) -> str:
+    ratio = f"{r['baseline_over_floor']:.2f}x" if r["baseline_over_floor"] else "-"
+    return (f"| {r['problem']} | {r['workload']} | {r['baseline_us']:,.1f} | {r['template_us']:,.1f} | {r['floor_us']:,.1f} | "
+            f"{ratio} | {r['fresh_over_rotation']:.3f}; {r['baseline_fresh_over_rotation']:.3f} | {r['wall_s']:.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--problem", action="append")
@@ -30,6 +40,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows, walls = [], {}
+    print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.problem or list_problems():
             out = Path(tmp) / f"{name}.json"
@@ -41,20 +52,23 @@ def main() -> None:
                 print(f"{name}: no result\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}", flush=True)
                 continue
             doc = json.loads(out.read_text())
-            print(f"{name}: {doc['status']} in {walls[name]:.1f} s", flush=True)
+            mine = []
             for p in doc["performance"]:
-                rows.append({"problem": name, "workload": p["workload"], "baseline_us": p["baseline_median_us"],
+                mine.append({"problem": name, "workload": p["workload"], "baseline_us": p["baseline_median_us"],
                              "template_us": p["median_us"], "floor_us": p["floor_us"],
                              "baseline_over_floor": p["baseline_median_us"] / p["floor_us"] if p["floor_us"] else None,
+                             "fresh_over_rotation": (p.get("read_flush_us") or 0) / p["median_us"],
+                             "baseline_fresh_over_rotation": (p.get("baseline_read_flush_us") or 0) / p["baseline_median_us"],
                              "status": doc["status"], "wall_s": walls[name]})
-    print("\n| problem | workload | baseline us | template us | floor us | baseline / floor | evaluation wall s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+                print(row_line(mine[-1]), flush=True)
+            rows += mine
+            print(f"{name}: {doc['status']} in {walls[name]:.1f} s; flags {[f['code'] for f in doc['flags']] or 'none'}; "
+                  f"score {doc['score']}", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps({"rows": rows, "wall_s": walls}, indent=2))
+    print("\n" + HEADER)
     for r in rows:
-        ratio = f"{r['baseline_over_floor']:.2f}x" if r["baseline_over_floor"] else "-"
-        print(f"| {r['problem']} | {r['workload']} | {r['baseline_us']:,.1f} | {r['template_us']:,.1f} | "
-              f"{r['floor_us']:,.1f} | {ratio} | {r['wall_s']:.0f} |")
-    if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "wall_s": walls}, indent=2))
+        print(row_line(r))
 
 
 if __name__ == "__main__":
