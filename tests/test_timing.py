@@ -56,3 +56,33 @@ def test_summary_reports_what_the_result_schema_names():
 def test_calls_per_replay(per_call_us, sets, expected):
     k = timing.choose_calls(per_call_us, sets)
     assert k == expected and k % sets == 0 and k <= timing.MAX_CALLS_PER_GRAPH
+
+
+def _judged(sub_us, sub_fresh, base_us, base_fresh):
+    from pipeline.kernel.evaluate import _judge_fresh_content
+
+    doc = {"status": "passed", "flags": []}
+    _judge_fresh_content(doc, {"workload": "W", "median_us": sub_us, "read_flush_us": sub_fresh,
+                               "baseline_median_us": base_us, "baseline_read_flush_us": base_fresh})
+    return doc["status"], [f["code"] for f in doc["flags"]]
+
+
+@pytest.mark.parametrize(
+    "figures,expected",
+    [
+        # cuBLAS at M=1 on the H200: both 8% faster behind the flush than in the rotation: honest.
+        ((23.8, 21.9, 23.7, 21.7), ("passed", [])),
+        ((10.0, 10.2, 20.0, 20.1), ("passed", [])),
+        # a device-side cache: 4 us on repeated content, 30 us on new content
+        ((4.0, 30.0, 23.7, 21.7), ("needs_review", ["content_reuse"])),
+        # just over the review line (1.25x the baseline's ratio) and just under it
+        ((10.0, 12.6, 20.0, 20.0), ("needs_review", ["content_reuse"])),
+        ((10.0, 12.4, 20.0, 20.0), ("passed", ["flush_disagreement"])),
+        # faster with new content than the baseline's yardstick says: flagged, not held
+        ((10.0, 8.0, 20.0, 20.0), ("passed", ["flush_disagreement"])),
+        # no cross-check figure: nothing to judge
+        ((10.0, None, 20.0, 20.0), ("passed", [])),
+    ],
+)
+def test_the_fresh_content_cross_check_is_judged_against_the_baseline(figures, expected):
+    assert _judged(*figures) == expected

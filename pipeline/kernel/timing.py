@@ -1,15 +1,18 @@
-"""The official GPU timing method (kernel-track.md, Timing). Runs inside the child, next to the code
-it times; the parent bounds what it reports with its own wall clock.
+"""The official GPU timing method (kernel-track.md, Timing; docs/TIMING.md says where and why it goes
+further than the spec). Runs inside the child, next to the code it times; the parent fixes the calls
+per replay and the replays per round, and bounds what the child reports with its own wall clock.
 
-- R distinct input sets whose total size is >= 5x the L2 (R >= 2): every call reads cold data, and
-  no zero-write flush leaves dirty lines to be written back during the kernel.
+- R distinct input sets whose total size is >= 20x the L2 (the spec's minimum is 5x; R >= 2): every
+  call reads cold data, no zero-write flush leaves dirty lines to be written back during the kernel,
+  and the inputs span enough pages that where they land in memory averages out.
 - One CUDA graph that calls the function k times, cycling over the sets; k makes one replay last
   about 1 ms (at most 256 calls). One sample = one replay between two events, divided by k.
-- Baseline and submission are sampled in alternating blocks until the 95% interval of each median is
-  within +-0.5% (at least 50 samples each, at most `max_seconds`).
-- A read-based flush cross-check: ([flush, call] graph - [flush] graph), per call.
+- 1.5 s of discarded replays first, then baseline and submission sampled in alternating blocks until
+  the 95% interval of each median is within +-0.5% and at least 2 s have passed (at least 50
+  samples each, at most 10 s).
+- A cross-check with new content in every call behind a read flush: ([fresh content, flush, call]
+  graph - [fresh content, flush] graph) / k, for the submission and the baseline alike.
 """
-
 from __future__ import annotations
 
 import math
@@ -112,14 +115,14 @@ class Graph:
 
 
 def capture(fn: Callable[[dict], Any], sets: list[dict], calls: int, stream: torch.cuda.Stream,
-            prologue: Callable[[], None] | None = None) -> Graph:
+            prologue: Callable[[dict], None] | None = None) -> Graph:
     g = torch.cuda.CUDAGraph()
     outputs: dict[int, Any] = {}
     with torch.cuda.graph(g, stream=stream):
         for j in range(calls):
-            if prologue is not None:
-                prologue()
             r = j % len(sets)
+            if prologue is not None:
+                prologue(sets[r])
             outputs[r] = fn(sets[r])
     return Graph(g, calls, outputs)
 

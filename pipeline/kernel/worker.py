@@ -166,7 +166,7 @@ class Worker:
         return fn(inputs)
 
     def call(self, req: dict) -> dict:
-        inputs = read_bundle(self.scratch / req["inputs"], self.device)
+        inputs = read_bundle(self.scratch / req["inputs"], self.device, writer_trusted=True)
         self._poison(int(req.get("poison_bytes", 0)))
         self.sync()
         start = time.perf_counter()
@@ -196,7 +196,7 @@ class Worker:
 
     def time(self, req: dict) -> dict:
         """Wall-clock timing for CPU mode and the pre-official GPU path: a rough, unofficial figure."""
-        inputs = read_bundle(self.scratch / req["inputs"], self.device)
+        inputs = read_bundle(self.scratch / req["inputs"], self.device, writer_trusted=True)
         fn = self.targets[req["target"]]
         try:
             for _ in range(int(req.get("warmup", 3))):
@@ -225,7 +225,7 @@ class Worker:
         from pipeline.kernel import timing
 
         self.bench: dict = {}
-        self.sets = [read_bundle(self.scratch / f, self.device) for f in req["inputs"]]
+        self.sets = [read_bundle(self.scratch / f, self.device, writer_trusted=True) for f in req["inputs"]]
         self.stream = torch.cuda.Stream(self.device)
         estimates = {}
         for target in ("baseline", "submission"):
@@ -250,12 +250,33 @@ class Worker:
         return reply
 
     def bench_capture(self, req: dict) -> dict:
-        """Capture one graph per target with exactly the number of calls the parent chose."""
+        """Capture one graph per target with exactly the number of calls the parent chose, and the
+        fresh-content cross-check's graphs, in the order the parent chose (so a submission cannot
+        tell by counting its captures which graph is the one that is timed)."""
         from pipeline.kernel import timing
 
-        for target in ("baseline", "submission"):
+        flush_buf = torch.empty(int(req["flush_bytes"]) // 4, dtype=torch.float32, device=self.device).normal_()
+        sink = torch.empty((), dtype=torch.float32, device=self.device)
+
+        def fresh_then_flush(s: dict) -> None:
+            # New content in every floating input of the set about to be used (rolled by one element:
+            # never the same content twice), then a read flush that evicts it, dirty lines and all.
+            for t in s.values():
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1:
+                    t.copy_(torch.roll(t, 1))
+            torch.sum(flush_buf, dim=0, out=sink)
+
+        k = max(len(self.sets), 8)
+        self.cross = {}
+        for what in req["order"]:
+            target, kind = what.split(":")
             try:
-                self.bench[target] = timing.capture(self.targets[target], self.sets, int(req["calls"][target]), self.stream)
+                if kind == "timed":
+                    self.bench[target] = timing.capture(self.targets[target], self.sets, int(req["calls"][target]), self.stream)
+                else:
+                    self.cross[target] = (
+                        timing.capture(self.targets[target], self.sets, k, self.stream, prologue=fresh_then_flush),
+                        timing.capture(lambda _s: None, self.sets, k, self.stream, prologue=fresh_then_flush))
                 self.sync()
             except BaseException as exc:  # noqa: BLE001
                 if target == "baseline":
@@ -286,27 +307,22 @@ class Worker:
         return {"ok": True, "clocks": clocks.summary() if clocks else None, "persisting_l2_bytes": carve_out}
 
     def bench_crosscheck(self, req: dict) -> dict:
-        """Per-call time with a read-based flush before every call: ([flush, call] - [flush]) / k."""
+        """Per-call time when every call meets new content behind a read flush:
+        ([fresh content, flush, call] - [fresh content, flush]) / k, for each target. It rewrites
+        the inputs, so it runs after the timed graph's outputs were checked."""
         from pipeline.kernel import timing
 
-        flush_buf = torch.empty(int(req["flush_bytes"]) // 4, dtype=torch.float32, device=self.device).normal_()
-        sink = torch.empty((), dtype=torch.float32, device=self.device)
-
-        def flush() -> None:
-            torch.sum(flush_buf, dim=0, out=sink)
-
-        fn = self.targets["submission"]
-        k = max(len(self.sets), 8)
-        with_call = timing.capture(fn, self.sets, k, self.stream, prologue=flush)
-        only_flush = timing.capture(lambda _s: flush(), self.sets, k, self.stream)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a, b = [], []
-        for _ in range(int(req.get("repeats", 20))):
-            a.append(timing.replay_us(with_call, start, end))
-            b.append(timing.replay_us(only_flush, start, end))
-        del with_call, only_flush
-        return {"ok": True, "per_call_us": statistics.median(a) - statistics.median(b),
-                "flush_us": statistics.median(b)}
+        reply: dict = {"ok": True, "per_call_us": {}}
+        for target in req["order"]:
+            with_call, only_prologue = self.cross[target]
+            a, b = [], []
+            for _ in range(int(req.get("repeats", 20))):
+                a.append(timing.replay_us(with_call, start, end))
+                b.append(timing.replay_us(only_prologue, start, end))
+            reply["per_call_us"][target] = statistics.median(a) - statistics.median(b)
+        self.cross = {}
+        return reply
 
     def bench_outputs(self, req: dict) -> dict:
         """Hand back what the submission's graph left for each input set (after timing), or, with
@@ -314,7 +330,7 @@ class Worker:
         g = self.bench["submission"]
         if req.get("fresh"):
             for r, name in enumerate(req["fresh"]):
-                new = read_bundle(self.scratch / name, self.device)
+                new = read_bundle(self.scratch / name, self.device, writer_trusted=True)
                 for key, value in new.items():
                     if isinstance(value, torch.Tensor):
                         self.sets[r][key].copy_(value)
@@ -332,7 +348,7 @@ class Worker:
         return {"ok": True, "outputs": names}
 
     def bench_release(self, req: dict) -> dict:
-        self.bench, self.sets = {}, []
+        self.bench, self.sets, self.cross = {}, [], {}
         torch.cuda.empty_cache()
         return {"ok": True}
 
