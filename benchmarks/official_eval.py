@@ -33,6 +33,15 @@ def row_line(r: dict) -> str:
             f"{ratio} | {r['fresh_over_rotation']:.3f}; {r['baseline_fresh_over_rotation']:.3f} | {r['wall_s']:.0f} |")
 
 
+def phases(entries: list[dict]) -> dict[str, float]:
+    """Wall seconds per phase, summed over the shapes (the result's `wall_s`)."""
+    out: dict[str, float] = {}
+    for e in entries:
+        for k, v in (e.get("wall_s") or {}).items():
+            out[k] = round(out.get(k, 0.0) + v, 1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--problem", action="append")
@@ -64,6 +73,8 @@ def main() -> None:
             rows += mine
             print(f"{name}: {doc['status']} in {walls[name]:.1f} s; flags {[f['code'] for f in doc['flags']] or 'none'}; "
                   f"score {doc['score']}", flush=True)
+            print(f"{name}: where the time went: checks {phases(doc['correctness'])}; timing {phases(doc['performance'])}",
+                  flush=True)
             if args.json:
                 args.json.write_text(json.dumps({"rows": rows, "wall_s": walls}, indent=2))
     print("\n" + HEADER)

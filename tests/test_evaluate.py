@@ -132,6 +132,18 @@ def test_seeds_are_counted_never_recorded():
     assert str(public_seed("muse_bf16_proj", "M1", 0)) not in text
 
 
+def test_each_shape_says_where_its_wall_time_went(tmp_path):
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\n\ndef custom_kernel(inputs):\n    time.sleep(0.2)\n    return inputs['x'] @ inputs['w'].T\n")
+    doc = evaluate(slow, PROJ, Options(seeds=2, timing=False, shapes=["M1"]))
+    result.validate(doc)
+    (entry,) = doc["correctness"]
+    wall = entry["wall_s"]
+    assert set(wall) == {"total", "inputs", "reference", "transport", "call", "check"}
+    assert 0.4 <= wall["call"] <= wall["total"]  # two calls of 0.2 s each land in "call", not elsewhere
+    assert sum(v for k, v in wall.items() if k != "total") <= wall["total"] + 1e-3
+
+
 def test_secret_seeds_change_the_inputs_and_are_marked(tmp_path):
     doc = evaluate(ROOT / "problems" / "muse_bf16_proj" / "template.py", PROJ,
                    Options(seeds=1, timing=False, secret=b"0123456789abcdef-secret"))

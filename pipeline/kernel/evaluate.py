@@ -10,6 +10,7 @@ submission does: every failure becomes a status in the result document.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -424,6 +425,32 @@ def _finish(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+class Stopwatch:
+    """Wall seconds per phase of one shape's evaluation, kept in the result (`wall_s`) so that a slow
+    evaluation says where its time went without a profiler on the runner."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t0 = self._last = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the last lap to `phase`."""
+        now = time.monotonic()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.monotonic() - t0
+
+    def summary(self) -> dict[str, float]:
+        return {"total": round(time.monotonic() - self._t0, 3), **{k: round(v, 3) for k, v in self.seconds.items()}}
+
+
 def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> dict[str, Any]:
     ref_mod = problem.reference
     entry: dict[str, Any] = {
@@ -437,38 +464,46 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
         "outputs": {},
     }
     worst: dict[str, dict[str, Any]] = {}
+    watch = Stopwatch()
     for i in range(n_seeds):
         seed = (
             seedlib.secret_seed(opts.secret, problem.name, shape.name, i)
             if opts.secret
             else seedlib.public_seed(problem.name, shape.name, i)
         )
-        inputs = ref_mod.make_inputs(shape, seed, device)
-        before = fingerprints({k: v for k, v in inputs.items() if k not in problem.inplace})
-        expected = _expected(problem, inputs)
-        after_ref = fingerprints({k: v for k, v in inputs.items() if k not in problem.inplace})
+        with watch("inputs"):
+            inputs = ref_mod.make_inputs(shape, seed, device)
+            before = fingerprints({k: v for k, v in inputs.items() if k not in problem.inplace})
+        with watch("reference"):
+            expected = _expected(problem, inputs)
+            after_ref = fingerprints({k: v for k, v in inputs.items() if k not in problem.inplace})
         if after_ref != before:
             raise RuntimeError(f"reference of {problem.name} modified its inputs")
-        write_bundle(child.scratch / "inputs.bin", inputs)
+        with watch("transport"):
+            write_bundle(child.scratch / "inputs.bin", inputs)
         poison = expected["output"].numel() * 2
         timeout = opts.limits.first_call if (first and i == 0) else opts.limits.call
-        reply = child.request(
-            {"op": "call", "target": "submission", "inputs": "inputs.bin", "output": "output.bin",
-             "inplace": list(problem.inplace), "poison_bytes": poison},
-            timeout,
-        )
+        with watch("call"):
+            reply = child.request(
+                {"op": "call", "target": "submission", "inputs": "inputs.bin", "output": "output.bin",
+                 "inplace": list(problem.inplace), "poison_bytes": poison},
+                timeout,
+            )
         entry["seeds"] = i + 1
+        entry["wall_s"] = watch.summary()
         if not reply.get("ok"):
             fail(reply.get("status", "runtime_error"), reply)
             entry.update(passed=False, failed_seed_index=i, reason=reply.get("error"))
             return entry
         try:
-            got = read_bundle(child.scratch / "output.bin", device)
+            with watch("transport"):
+                got = read_bundle(child.scratch / "output.bin", device)
         except (BundleError, OSError) as exc:
             fail("runtime_error", {"error": f"the submission's output could not be read: {exc}"})
             entry.update(passed=False, failed_seed_index=i, reason=str(exc))
             return entry
-        verdicts = check_outputs(problem, got, expected, inputs)
+        with watch("check"):
+            verdicts = check_outputs(problem, got, expected, inputs)
         if reply.get("output_error"):
             verdicts["output"] = {"passed": False, "reason": reply["output_error"]}
         changed = sorted(k for k, v in (reply.get("fingerprints") or {}).items() if before.get(k) != v)
@@ -484,6 +519,7 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
             entry.update(passed=False, failed_seed_index=i, reason="; ".join(failed))
             break
     entry["outputs"] = worst
+    entry["wall_s"] = watch.summary()
     return entry
 
 
@@ -585,6 +621,7 @@ def _check_graph_outputs(child, problem, reply, sets, what) -> str | None:
 
 def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     ref_mod = problem.reference
+    watch = Stopwatch()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     first = ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, 0), "cuda")
     n_sets = max(2, min(64, math.ceil(opts.l2_multiple * l2 / max(1, _set_bytes(first)))))
@@ -593,6 +630,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     for r, s in enumerate(sets):
         files.append(f"timing_{r}.bin")
         write_bundle(child.scratch / files[-1], s)
+    watch.lap("inputs")
     reply = child.request({"op": "bench_prepare", "inputs": files}, opts.limits.first_call)
     if not reply.get("ok"):
         fail(reply.get("status", "runtime_error"), reply)
@@ -609,6 +647,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     if not reply.get("ok"):
         fail(reply.get("status", "runtime_error"), reply)
         return False
+    watch.lap("prepare")
     # Let clocks and caches settle on this workload's graphs before any sample counts.
     settle_end = time.monotonic() + opts.settle_seconds
     while time.monotonic() < settle_end:
@@ -617,6 +656,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
         if not m.get("ok"):
             fail(m.get("status", "runtime_error"), m)
             return False
+    watch.lap("settle")
     samples: dict[str, list[float]] = {"baseline": [], "submission": []}
     wall_us = reported_us = 0.0
     phase_start = time.monotonic()
@@ -643,6 +683,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
         now = time.monotonic()
         if (converged and now - phase_start >= opts.min_timing_seconds) or now > phase_end:
             break
+    watch.lap("sampling")
     accounted = reported_us / wall_us
     if not (opts.min_accounted <= accounted <= 1.02):
         fail("runtime_error", {"error": f"the timed phase reported {reported_us / 1e3:.1f} ms of GPU time in "
@@ -678,6 +719,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     child.request({"op": "bench_release"}, opts.limits.call)
     del sets
     torch.cuda.empty_cache()
+    watch.lap("checks")
     if why:
         doc["status"] = "incorrect"
         doc["error"] = {"message": f"the CUDA graph that was timed does not compute the right answer ({why})",
@@ -701,6 +743,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
         "input_sets": n_sets,
         "converged": converged,
         "wall_accounted": accounted,
+        "wall_s": watch.summary(),
         "read_flush_us": cross.get("submission"),
         "baseline_read_flush_us": cross.get("baseline"),
         "samples_us": samples["submission"],
