@@ -92,15 +92,22 @@ def test_random_bytes_after_the_magic_never_crash_the_reader(tmp_path_factory, j
         pass
 
 
-def test_fingerprint_sees_every_bit_and_every_position():
-    t = torch.randn(4096).to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8, torch.int32, torch.float64, torch.bool])
+@pytest.mark.parametrize("numel", [4096, 4095])  # words where the bytes divide evenly, elements otherwise
+def test_fingerprint_sees_every_bit_and_every_position(dtype, numel):
+    t = (torch.randn(numel) * 50).to(dtype) if dtype != torch.bool else torch.rand(numel) > 0.5
     base = fingerprint(t)
-    flipped = t.clone()
-    flipped.view(torch.int16)[1234] ^= 1
-    assert fingerprint(flipped) != base
-    swapped = t.clone()
-    swapped[[10, 11]] = t[[11, 10]]
-    if not torch.equal(swapped, t):
-        assert fingerprint(swapped) != base
+    for at in (0, 1234, numel - 1):  # one bit of one element, first, middle and last
+        flipped = t.clone()
+        flipped.view(torch.uint8)[at * t.element_size()] ^= 1
+        assert fingerprint(flipped) != base
+    for i, j in ((10, 11), (0, 3), (4, 1000)):  # two elements swapped, inside one word and across words
+        swapped = t.clone()
+        swapped[[i, j]] = t[[j, i]]
+        if not torch.equal(swapped, t):
+            assert fingerprint(swapped) != base
     assert fingerprint(t.clone()) == base
-    assert fingerprint(t.float()) != base  # dtype is part of it
+    assert fingerprint(t[1:].clone()) != fingerprint(t[1:][:-1].clone())
+    assert fingerprint(t[1:]) == fingerprint(t[1:].clone())  # an unaligned view reads the same bits
+    other = torch.float32 if dtype != torch.float32 else torch.float64
+    assert fingerprint(t.to(other)) != base  # dtype is part of it

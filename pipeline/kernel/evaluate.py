@@ -476,9 +476,10 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
             before = fingerprints({k: v for k, v in inputs.items() if k not in problem.inplace})
         with watch("reference"):
             expected = _expected(problem, inputs)
-            after_ref = fingerprints({k: v for k, v in inputs.items() if k not in problem.inplace})
-        if after_ref != before:
-            raise RuntimeError(f"reference of {problem.name} modified its inputs")
+            # Our own reference must not write its inputs: checked once per shape (a digest of the
+            # MoE's 1.5 GB of weights is not free, and the reference does the same thing every seed).
+            if i == 0 and fingerprints({k: v for k, v in inputs.items() if k not in problem.inplace}) != before:
+                raise RuntimeError(f"reference of {problem.name} modified its inputs")
         with watch("transport"):
             write_bundle(child.scratch / "inputs.bin", inputs)
         poison = expected["output"].numel() * 2

@@ -174,12 +174,19 @@ def fingerprint(t: torch.Tensor) -> str:
 
     Integer arithmetic wraps identically on every device and in any reduction order, so the parent
     (holding the pristine input) and the child (holding the input after the call) get the same
-    value exactly when no bit changed, without shipping the tensor back.
+    value exactly when no bit changed, without shipping the tensor back. The bytes are read as
+    32-bit words where they divide evenly (1.5 GB of int4 MoE weights are 375 M words, not 1.5 G
+    bytes: the digest is taken three times per checked call), element by element otherwise.
     """
     flat = t.detach().contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
     bits = flat.view(_INT_VIEW[flat.element_size()])
+    if flat.element_size() < 4 and (flat.numel() * flat.element_size()) % 4 == 0:
+        try:
+            bits = flat.view(torch.uint8).view(torch.int32)
+        except RuntimeError:  # a storage offset that is not word-aligned: the same bits, aligned
+            bits = flat.clone().view(torch.uint8).view(torch.int32)
     plain = torch.zeros((), dtype=torch.int64, device=flat.device)
     weighted = torch.zeros((), dtype=torch.int64, device=flat.device)
     for start in range(0, bits.numel(), _CHUNK):
