@@ -704,7 +704,8 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     why = _check_graph_outputs(child, problem, outs, sets, "after timing") if outs.get("ok") else outs.get("error")
     cross: dict[str, float] = {}
     if why is None:
-        reply = child.request({"op": "bench_crosscheck", "order": ["baseline", "submission"]}, opts.limits.call)
+        reply = child.request({"op": "bench_crosscheck", "order": ["baseline", "submission"], "repeats": CROSS_REPEATS},
+                              opts.limits.call)
         if not reply.get("ok"):
             fail(reply.get("status", "runtime_error"), reply)
             return False
@@ -763,7 +764,12 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
 
 
 CONTENT_REVIEW = 1.25  # fresh content per call this much slower, relative to the baseline: held for review
-FLUSH_FLAG = 0.05
+# The spec flags a read-flush disagreement above 5%; the figure here is the difference of two graph
+# times with a large common part (new content and the flush), and at 5% an honest Triton split-K
+# kernel was flagged in one of two H200 runs. 10%, with 40 replays of each graph, keeps the flag for
+# what is more than noise.
+FLUSH_FLAG = 0.10
+CROSS_REPEATS = 40
 
 
 def _judge_fresh_content(doc: dict[str, Any], entry: dict[str, Any]) -> None:
@@ -785,7 +791,7 @@ def _judge_fresh_content(doc: dict[str, Any], entry: dict[str, Any]) -> None:
                              f"{theirs:.2f}x): it may reuse work across calls; held for review", "line": None})
     elif abs(mine / theirs - 1) > FLUSH_FLAG:
         doc["flags"].append({"code": "flush_disagreement", "message": f"{name}: read-flush timing {rf:.2f} us vs rotation "
-                             f"{med:.2f} us ({mine:.3f}x) where the baseline's is {theirs:.3f}x: more than 5% apart",
+                             f"{med:.2f} us ({mine:.3f}x) where the baseline's is {theirs:.3f}x: more than {FLUSH_FLAG:.0%} apart",
                              "line": None})
 
 
