@@ -3,7 +3,12 @@
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
 #   bash benchmarks/gpu_session.sh exploits tests official repeat5 repeat5x noise flush
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
+# The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
+# /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
+# limit still returns every finished step:   PACK=$OUT bash benchmarks/gpu_session.sh exploits tests
+# Keep the steps' limits summed well inside the call's own limit (600 s).
 set -u
+if [ -n "${PACK:-}" ]; then OUT=/tmp/gpu-session; fi
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -17,6 +22,7 @@ step() {  # name, seconds, command...
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name rc=$? $(date -u +%H:%M:%S)" | tee -a "$OUT/steps.log"
   tail -n 15 "$OUT/$name.log"
+  if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi
 }
 for what in "$@"; do
   case $what in
