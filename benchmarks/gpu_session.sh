@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
-#   bash benchmarks/gpu_session.sh exploits tests official repeat5 repeat5x noise flush
+#   bash benchmarks/gpu_session.sh exploits tests official repeat5 repeat5x noise placements flush
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -35,6 +35,8 @@ for what in "$@"; do
     repeat5x) PIPELINE_TIMING_L2_MULTIPLE=5 step repeat5x 300 python3 benchmarks/repeatability.py \
                 problems/muse_bf16_proj/template.py --runs 5 --json "$OUT/repeat5x.json" ;;
     noise) for i in 1 2 3; do step noise$i 150 python3 benchmarks/noise_sources.py --json "$OUT/noise$i.json"; done ;;
+    placements) for i in 1 2 3 4 5; do step place$i 60 python3 benchmarks/placements.py --json "$OUT/place$i.json"; done
+                step place-compare 30 python3 benchmarks/placements.py --compare "$OUT"/place?.json ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     *) echo "unknown step $what" ;;
   esac
