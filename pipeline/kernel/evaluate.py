@@ -568,8 +568,8 @@ def device_ceilings() -> dict[str, float]:
     """Measured once per process: device-to-device copy bandwidth (bytes read + written per second),
     read bandwidth (a sum over a 1 GiB buffer) and the dense bf16 matmul rate. A floor divides the
     bytes by the faster of the two bandwidths: on the H200 a read-mostly kernel (attention over a KV
-    cache) moves its bytes faster than a copy does, and the copy-only floor had cuBLAS-class baselines
-    at 0.99x of it, leaving a faster honest submission no room above the 0.95x gate."""
+    cache) moves its bytes faster than a copy does: the attention baseline ran at 0.99x the copy-only
+    floor at B32, which left a faster honest submission no room above the 0.95x gate."""
     if _CEILINGS:
         return _CEILINGS
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
