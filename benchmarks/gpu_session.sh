@@ -30,6 +30,11 @@ for what in "$@"; do
     tests) step gpu-tests 420 python3 -m pytest -v -m gpu -p no:cacheprovider -rA tests/test_problems.py \
              tests/test_reference_muse_moe_w4a16.py tests/test_reference_layers.py tests/test_reference_muse_attention_decode.py ;;
     official) step official 540 python3 benchmarks/official_eval.py --json "$OUT/official.json" ;;
+    # The five problems in two calls' worth: the light ones, then the two with GB-sized input sets.
+    official1) step official1 500 python3 benchmarks/official_eval.py --problem muse_bf16_proj \
+                 --problem muse_attention_decode --problem muse_decode_layer --timeout 240 --json "$OUT/official1.json" ;;
+    official2) step official2 540 python3 benchmarks/official_eval.py --problem muse_moe_w4a16 \
+                 --problem muse_prefill_layer --timeout 260 --json "$OUT/official2.json" ;;
     repeat5) step repeat5 300 python3 benchmarks/repeatability.py problems/muse_bf16_proj/template.py --runs 5 \
                --json "$OUT/repeat5.json" ;;
     repeat5x) PIPELINE_TIMING_L2_MULTIPLE=5 step repeat5x 300 python3 benchmarks/repeatability.py \

@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--problem", action="append")
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--timeout", type=float, help="seconds per evaluation; one that runs longer is reported and skipped")
     args = ap.parse_args()
     rows, walls = [], {}
     print(HEADER, flush=True)
@@ -54,8 +55,13 @@ def main() -> None:
         for name in args.problem or list_problems():
             out = Path(tmp) / f"{name}.json"
             t0 = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "pipeline", "evaluate", f"problems/{name}/template.py",
-                                   "--seeds", str(args.seeds), "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+            try:
+                proc = subprocess.run([sys.executable, "-m", "pipeline", "evaluate", f"problems/{name}/template.py",
+                                       "--seeds", str(args.seeds), "--json", str(out)], cwd=ROOT, capture_output=True,
+                                      text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{name}: did not finish within {args.timeout:.0f} s", flush=True)
+                continue
             walls[name] = time.monotonic() - t0
             if not out.exists():
                 print(f"{name}: no result\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}", flush=True)
