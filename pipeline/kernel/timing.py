@@ -13,6 +13,7 @@ per replay and the replays per round, and bounds what the child reports with its
 - A cross-check with new content in every call behind a read flush: ([fresh content, flush, call]
   graph - [fresh content, flush] graph) / k, for the submission and the baseline alike.
 """
+
 from __future__ import annotations
 
 import math
