@@ -23,19 +23,16 @@ from pipeline.problems import load_problem  # noqa: E402
 
 
 def med_replay(graph, n=60):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(5):
-        timing.replay_us(graph, s, e)
-    return statistics.median(timing.replay_us(graph, s, e) for _ in range(n))
+    timing.replays_us([graph] * 5)
+    return statistics.median(timing.replays_us([graph] * n))
 
 
 def settle(graph, seconds=1.5):
     """An H200 that was idle runs memory-bound kernels up to 4% faster for about a second while its
     power climbs (benchmarks/noise_sources.py): measure in the steady state the evaluator times in."""
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        timing.replay_us(graph, s, e)
+        timing.replays_us([graph] * timing.BLOCK)
 
 
 def main() -> None:

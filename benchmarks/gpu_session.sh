@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
-#   bash benchmarks/gpu_session.sh exploits tests official repeat5 repeat5x noise placements flush
+#   bash benchmarks/gpu_session.sh exploits tests official repeat5 repeat5x noise placements guard flush
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -26,7 +26,7 @@ step() {  # name, seconds, command...
 }
 for what in "$@"; do
   case $what in
-    exploits) step exploits 300 python3 -m pytest -q -p no:cacheprovider -rA tests/exploits ;;
+    exploits) step exploits 260 python3 -m pytest -q -p no:cacheprovider -rA tests/exploits ;;
     tests) step gpu-tests 420 python3 -m pytest -v -m gpu -p no:cacheprovider -rA tests/test_problems.py \
              tests/test_reference_muse_moe_w4a16.py tests/test_reference_layers.py tests/test_reference_muse_attention_decode.py ;;
     official) step official 540 python3 benchmarks/official_eval.py --json "$OUT/official.json" ;;
@@ -42,6 +42,8 @@ for what in "$@"; do
     noise) for i in 1 2 3; do step noise$i 150 python3 benchmarks/noise_sources.py --json "$OUT/noise$i.json"; done ;;
     placements) for i in 1 2 3 4 5; do step place$i 60 python3 benchmarks/placements.py --json "$OUT/place$i.json"; done
                 step place-compare 30 python3 benchmarks/placements.py --compare "$OUT"/place?.json ;;
+    guard) for i in 1 2 3 4 5; do step guard$i 40 python3 benchmarks/launch_guard.py --json "$OUT/guard$i.json"; done
+           step guard-compare 30 python3 benchmarks/launch_guard.py --compare "$OUT"/guard?.json ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     *) echo "unknown step $what" ;;
   esac

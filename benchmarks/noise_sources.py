@@ -50,7 +50,6 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     fn = lambda s: F.linear(s["x"], s["w"])  # noqa: E731
     clocks = timing.Clocks(0)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     rows = []
     for M in args.ms:
         shape = problem.shape(f"M{M}", "full")
@@ -63,7 +62,7 @@ def main() -> None:
             for s in a_sets:
                 fn(s)
             torch.cuda.synchronize()
-            est = timing.replay_us(timing.capture(fn, a_sets, 2 * R, stream), start, end)
+            est = timing.replays_us([timing.capture(fn, a_sets, 2 * R, stream)])[0]
             k = timing.choose_calls(est, R)
             ga = timing.capture(fn, a_sets, k, stream)
             trials = []
@@ -73,15 +72,14 @@ def main() -> None:
                 gb = timing.capture(fn, b_sets, k, stream)
                 t_end = time.monotonic() + 0.25
                 while time.monotonic() < t_end:
-                    timing.replay_us(ga, start, end)
-                    timing.replay_us(gb, start, end)
+                    timing.replays_us([ga, gb])
                 a, b = [], []
                 clocks.rows.clear()
                 for blk in range(10):
                     clocks.sample()
                     first, second = (ga, a), (gb, b)
                     for g, xs in ((first, second) if blk % 2 == 0 else (second, first)):
-                        xs.extend(timing.replay_us(g, start, end) for _ in range(timing.BLOCK))
+                        xs.extend(timing.replays_us([g] * timing.BLOCK))
                 c = clocks.summary() or {}
                 trials.append({"a_us": statistics.median(a), "b_us": statistics.median(b),
                                "a_half_width": (lambda lo_hi: (lo_hi[1] - lo_hi[0]) / 2 / statistics.median(a))(timing.median_interval(a)),

@@ -58,7 +58,6 @@ def main() -> None:
     stream = torch.cuda.Stream()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     fn = lambda s: F.linear(s["x"], s["w"])  # noqa: E731
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     one = problem.reference.make_inputs(shape, 0, "cuda")
     R = max(2, math.ceil(args.multiple * l2 / sum(v.numel() * v.element_size() for v in one.values())))
     del one
@@ -72,14 +71,14 @@ def main() -> None:
         xs: list[float] = []
         t_end = time.monotonic() + seconds
         while time.monotonic() < t_end:
-            xs.extend(timing.replay_us(graph, start, end) for _ in range(timing.BLOCK))
+            xs.extend(timing.replays_us([graph] * timing.BLOCK))
         return xs
 
     sets, spacer = place()
     for s in sets:
         fn(s)
     torch.cuda.synchronize()
-    k = timing.choose_calls(timing.replay_us(timing.capture(fn, sets, 2 * R, stream), start, end), R)
+    k = timing.choose_calls(timing.replays_us([timing.capture(fn, sets, 2 * R, stream)])[0], R)
     sample(timing.capture(fn, sets, k, stream), 1.5)  # the evaluator's settle
     del sets, spacer
     medians, per_placement = {}, {}

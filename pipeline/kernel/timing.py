@@ -27,6 +27,7 @@ TARGET_REPLAY_S = 1e-3
 MAX_CALLS_PER_GRAPH = 256
 MIN_SAMPLES = 50
 BLOCK = 10
+GUARD_CYCLES = 400_000  # about 0.2 ms at the H200's 1980 MHz: far longer than queuing one replay
 REL_HALF_WIDTH = 0.005
 Z95 = 1.959964
 
@@ -128,12 +129,20 @@ def capture(fn: Callable[[dict], Any], sets: list[dict], calls: int, stream: tor
     return Graph(g, calls, outputs)
 
 
-def replay_us(graph: Graph, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-    start.record()
-    graph.graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / graph.calls
+def replays_us(graphs: list[Graph]) -> list[float]:
+    """Replay the graphs back to back behind a guard, one event between each two: the per-call time
+    of each replay, in order. The guard (a GPU sleep) holds the stream while the host queues every
+    replay, so no sample contains the host's launch latency or an idle GPU waiting for it (with one
+    synchronised replay per sample, that latency was 1-2% of a 1 ms replay and drifted with the
+    host: docs/TIMING.md)."""
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(len(graphs) + 1)]
+    torch.cuda._sleep(GUARD_CYCLES)
+    events[0].record()
+    for g, e in zip(graphs, events[1:]):
+        g.graph.replay()
+        e.record()
+    events[-1].synchronize()
+    return [a.elapsed_time(b) * 1e3 / g.calls for g, a, b in zip(graphs, events, events[1:])]
 
 
 def choose_calls(per_call_us: float, n_sets: int) -> int:

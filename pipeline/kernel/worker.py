@@ -235,8 +235,7 @@ class Worker:
                     fn(self.sets[j % len(self.sets)])
                 self.sync()
                 trial = timing.capture(fn, self.sets, len(self.sets) * 2, self.stream)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                estimates[target] = min(timing.replay_us(trial, start, end) for _ in range(3))
+                estimates[target] = min(timing.replays_us([trial] * 3))
                 del trial
             except BaseException as exc:  # noqa: BLE001
                 if target == "baseline":
@@ -290,15 +289,13 @@ class Worker:
 
         if not hasattr(self, "clocks"):
             self.clocks = timing.Clocks(self.device.index or 0)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         samples: dict[str, list[float]] = {}
         carve_out = persisting_l2_reset()
         if carve_out:
             self.persisting_l2 = max(getattr(self, "persisting_l2", 0), carve_out)
         for target in req["order"]:
             self.clocks.sample()
-            g = self.bench[target]
-            samples[target] = [timing.replay_us(g, start, end) for _ in range(int(req["replays"]))]
+            samples[target] = timing.replays_us([self.bench[target]] * int(req["replays"]))
         return {"ok": True, "samples_us": samples}
 
     def bench_clocks(self, req: dict) -> dict:
@@ -312,15 +309,10 @@ class Worker:
         the inputs, so it runs after the timed graph's outputs were checked."""
         from pipeline.kernel import timing
 
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         reply: dict = {"ok": True, "per_call_us": {}}
         for target in req["order"]:
-            with_call, only_prologue = self.cross[target]
-            a, b = [], []
-            for _ in range(int(req.get("repeats", 20))):
-                a.append(timing.replay_us(with_call, start, end))
-                b.append(timing.replay_us(only_prologue, start, end))
-            reply["per_call_us"][target] = statistics.median(a) - statistics.median(b)
+            xs = timing.replays_us(list(self.cross[target]) * int(req.get("repeats", 20)))
+            reply["per_call_us"][target] = statistics.median(xs[0::2]) - statistics.median(xs[1::2])
         self.cross = {}
         return reply
 
