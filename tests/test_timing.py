@@ -58,6 +58,20 @@ def test_calls_per_replay(per_call_us, sets, expected):
     assert k == expected and k % sets == 0 and k <= timing.MAX_CALLS_PER_GRAPH
 
 
+@pytest.mark.parametrize(
+    "replay_us, expected",
+    [
+        (1000.0, 10),  # a replay of about 1 ms: the full block
+        (200.0, 10),  # never more than a block
+        (4000.0, 2),  # 10 ms of replays per round
+        (42_000.0, 1),  # a slow kernel: one replay per round, not 0.4 s x 10
+        (0.0, 10),
+    ],
+)
+def test_replays_per_round_keep_a_round_near_10_ms(replay_us, expected):
+    assert timing.replays_per_round(replay_us) == expected
+
+
 def _judged(sub_us, sub_fresh, base_us, base_fresh):
     from pipeline.kernel.evaluate import _judge_fresh_content
 

@@ -619,6 +619,7 @@ CONTENT_REVIEW = 1.25  # fresh content per call this much slower, relative to th
 # what is more than noise.
 FLUSH_FLAG = 0.10
 CROSS_REPEATS = 40
+CROSS_SECONDS = 1.0  # per target: a slow kernel gets fewer replays (at least timing.MIN_CROSS_PAIRS)
 
 
 def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
@@ -640,6 +641,9 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     # The parent, not the child, fixes the calls per replay and the replays per round, so the only
     # thing the child reports is each replay's duration, and the wall clock bounds their sum.
     calls = {t: timing.choose_calls(float(reply["per_call_us"][t]), n_sets) for t in ("baseline", "submission")}
+    # Replays per round: BLOCK for a replay of about 1 ms; fewer for a slow kernel whose replay (at
+    # least one call per set) lasts much longer, so a round stays short and the time bounds hold.
+    replays = {t: timing.replays_per_round(float(reply["per_call_us"][t]) * calls[t]) for t in calls}
     # The timed graphs and the fresh-content cross-check's graphs are captured in an order the child
     # cannot predict, so a submission that counts its captures cannot behave only when checked.
     order = [f"{t}:{kind}" for t in ("baseline", "submission") for kind in ("timed", "cross")]
@@ -653,7 +657,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     # Let clocks and caches settle on this workload's graphs before any sample counts.
     settle_end = time.monotonic() + opts.settle_seconds
     while time.monotonic() < settle_end:
-        m = child.request({"op": "bench_measure", "replays": timing.BLOCK, "order": ["baseline", "submission"]},
+        m = child.request({"op": "bench_measure", "replays": replays, "order": ["baseline", "submission"]},
                           opts.limits.call)
         if not m.get("ok"):
             fail(m.get("status", "runtime_error"), m)
@@ -667,14 +671,14 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     while True:
         order = ["baseline", "submission"] if rounds % 2 == 0 else ["submission", "baseline"]
         t0 = time.monotonic()
-        m = child.request({"op": "bench_measure", "replays": timing.BLOCK, "order": order}, opts.limits.call)
+        m = child.request({"op": "bench_measure", "replays": replays, "order": order}, opts.limits.call)
         wall_us += (time.monotonic() - t0) * 1e6
         if not m.get("ok"):
             fail(m.get("status", "runtime_error"), m)
             return False
         for t in order:
             got = m["samples_us"].get(t) if isinstance(m.get("samples_us"), dict) else None
-            if not isinstance(got, list) or len(got) != timing.BLOCK or not all(
+            if not isinstance(got, list) or len(got) != replays[t] or not all(
                     isinstance(x, (int, float)) and 0 < x < 1e9 for x in got):
                 fail("runtime_error", {"error": "the timed phase returned malformed samples: the timings cannot be trusted"})
                 return False
@@ -705,7 +709,8 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     why = _check_graph_outputs(child, problem, outs, sets, "after timing") if outs.get("ok") else outs.get("error")
     cross: dict[str, float] = {}
     if why is None:
-        reply = child.request({"op": "bench_crosscheck", "order": ["baseline", "submission"], "repeats": CROSS_REPEATS},
+        reply = child.request({"op": "bench_crosscheck", "order": ["baseline", "submission"], "repeats": CROSS_REPEATS,
+                                "seconds": CROSS_SECONDS},
                               opts.limits.call)
         if not reply.get("ok"):
             fail(reply.get("status", "runtime_error"), reply)

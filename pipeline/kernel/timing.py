@@ -27,6 +27,7 @@ TARGET_REPLAY_S = 1e-3
 MAX_CALLS_PER_GRAPH = 256
 MIN_SAMPLES = 50
 BLOCK = 10
+MIN_CROSS_PAIRS = 3
 GUARD_CYCLES = 400_000  # about 0.2 ms at the H200's 1980 MHz: far longer than queuing one replay
 REL_HALF_WIDTH = 0.005
 Z95 = 1.959964
@@ -143,6 +144,12 @@ def replays_us(graphs: list[Graph]) -> list[float]:
         e.record()
     events[-1].synchronize()
     return [a.elapsed_time(b) * 1e3 / g.calls for g, a, b in zip(graphs, events, events[1:])]
+
+
+def replays_per_round(replay_us: float) -> int:
+    """BLOCK replays per round when a replay lasts about TARGET_REPLAY_S, fewer (at least one) when
+    the kernel is so slow that even one call per set makes a replay much longer."""
+    return max(1, min(BLOCK, round(BLOCK * TARGET_REPLAY_S * 1e6 / max(replay_us, 1e-3))))
 
 
 def choose_calls(per_call_us: float, n_sets: int) -> int:

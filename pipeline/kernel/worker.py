@@ -284,7 +284,7 @@ class Worker:
         return {"ok": True}
 
     def bench_measure(self, req: dict) -> dict:
-        """One round: exactly `replays` timed replays of each graph, in the order the parent says."""
+        """One round: exactly `replays[target]` timed replays of each graph, in the order the parent says."""
         from pipeline.kernel import timing
 
         if not hasattr(self, "clocks"):
@@ -295,7 +295,7 @@ class Worker:
             self.persisting_l2 = max(getattr(self, "persisting_l2", 0), carve_out)
         for target in req["order"]:
             self.clocks.sample()
-            samples[target] = timing.replays_us([self.bench[target]] * int(req["replays"]))
+            samples[target] = timing.replays_us([self.bench[target]] * int(req["replays"][target]))
         return {"ok": True, "samples_us": samples}
 
     def bench_clocks(self, req: dict) -> dict:
@@ -311,7 +311,12 @@ class Worker:
 
         reply: dict = {"ok": True, "per_call_us": {}}
         for target in req["order"]:
-            xs = timing.replays_us(list(self.cross[target]) * int(req.get("repeats", 20)))
+            # Pairs until `repeats` of them or `seconds` have passed (at least MIN_CROSS_PAIRS).
+            xs: list[float] = []
+            t_end = time.monotonic() + float(req.get("seconds", 1.0))
+            while len(xs) < 2 * int(req.get("repeats", 20)) and (
+                    len(xs) < 2 * timing.MIN_CROSS_PAIRS or time.monotonic() < t_end):
+                xs += timing.replays_us(list(self.cross[target]))
             reply["per_call_us"][target] = statistics.median(xs[0::2]) - statistics.median(xs[1::2])
         self.cross = {}
         return reply
