@@ -74,17 +74,19 @@ def main() -> None:
                 Path(submission).write_text(AS_BASELINE.format(folder=ROOT / "reference", name=name))
                 Path(submission).chmod(0o644)
             t0 = time.monotonic()
+            proc = subprocess.Popen([sys.executable, "-m", "pipeline", "evaluate", submission, "--problem", name,
+                                     "--seeds", str(args.seeds), "--json", str(out)], cwd=ROOT, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
-                proc = subprocess.run([sys.executable, "-m", "pipeline", "evaluate", submission,
-                                       "--problem", name,
-                                       "--seeds", str(args.seeds), "--json", str(out)], cwd=ROOT, capture_output=True,
-                                      text=True, timeout=args.timeout)
+                stdout, stderr = proc.communicate(timeout=args.timeout)
             except subprocess.TimeoutExpired:
-                print(f"{name}: did not finish within {args.timeout:.0f} s", flush=True)
+                proc.terminate()  # SIGTERM: the evaluation kills its worker and frees the GPU
+                stdout, stderr = proc.communicate()
+                print(f"{name}: did not finish within {args.timeout:.0f} s; its progress:\n{stderr[-3000:]}", flush=True)
                 continue
             walls[name] = time.monotonic() - t0
             if not out.exists():
-                print(f"{name}: no result\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}", flush=True)
+                print(f"{name}: no result\n{stdout[-2000:]}\n{stderr[-2000:]}", flush=True)
                 continue
             doc = json.loads(out.read_text())
             mine = []

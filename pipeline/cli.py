@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -88,7 +89,11 @@ def evaluate(args: argparse.Namespace) -> int:
         timing=not args.no_timing,
         shapes=args.shape,
         submission_meta={k: meta[k] for k in ("path", "login", "pr", "head_sha") if k in meta},
+        progress=lambda line: print(f"[evaluate] {line}", file=sys.stderr, flush=True),
     )
+    # A runner that cancels the job (or a harness's timeout) sends SIGTERM: end the evaluation the
+    # way an error would, so the submission's process is killed and its GPU memory freed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     doc = run_evaluation(args.submission, problem, options)
     print(report.terminal(doc))
     if args.json:

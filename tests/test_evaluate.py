@@ -218,3 +218,32 @@ def test_cli_meta_records_the_submission_facts_after_checking_the_blob(tmp_path)
     meta.write_text(json.dumps({**facts, "blob_sha": "b" * 40}))
     bad = cli(sub, "--seeds", "1", "--no-timing", "--meta", meta)
     assert bad.returncode == 2 and "not the one that was fetched" in bad.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_cli_prints_progress_and_sigterm_kills_the_submission(tmp_path):
+    """A runner that cancels the job sends SIGTERM: the evaluation ends with 143 and takes the
+    submission's process (which holds the GPU) with it, instead of leaving it running."""
+    proc = subprocess.Popen([*CLI, FIX / "infinite_loop.py", "--problem", "muse_bf16_proj", "--seeds", "1"],
+                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("[evaluate]") and "loaded muse_bf16_proj" in line, line
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert children, "the evaluation should have started its worker"
+        time.sleep(0.5)  # the worker is inside the submission's endless call now
+        proc.terminate()
+        assert proc.wait(timeout=60) == 143
+        deadline = time.monotonic() + 10
+        while any(_alive(int(pid)) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(int(pid)) for pid in children), "the submission outlived the cancelled evaluation"
+    finally:
+        proc.kill()
+        proc.stderr.close()

@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -74,6 +74,7 @@ class Options:
     limits: Limits = field(default_factory=Limits)
     submission_meta: dict[str, Any] = field(default_factory=dict)
     sandbox: sandbox.Policy | None = None  # None: from the environment ($PIPELINE_SANDBOX_USER)
+    progress: Callable[[str], None] | None = None  # one line per finished stage (the CLI: stderr)
 
 
 class ChildFailure(Exception):
@@ -356,8 +357,13 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
     deadline = time.monotonic() + opts.limits.total
     policy = opts.sandbox or sandbox.Policy.from_environment()
     doc["environment"]["sandbox"] = policy.describe()
+    t_start = time.monotonic()
     child = Child(device, scratch, deadline, policy)
     current_shape: str | None = None
+
+    def say(line: str) -> None:
+        if opts.progress is not None:
+            opts.progress(f"{time.monotonic() - t_start:6.1f} s  {line}")
 
     def fail(status: str, reply: dict[str, Any]) -> None:
         doc["status"] = status
@@ -377,12 +383,15 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         if not reply.get("ok"):
             fail(reply.get("status", "compile_error"), reply)
             return _finish(doc)
+        say(f"loaded {problem.name} submission and baseline in {time.monotonic() - t_start:.1f} s")
         first = True
         for shape in shapes:
             current_shape = shape.name
             entry = _check_shape(child, problem, shape, n_seeds, opts, device, first, fail)
             first = False
             doc["correctness"].append(entry)
+            say(f"checked {shape.name}: {entry['seeds']} seed(s), {'passed' if entry['passed'] else 'FAILED'}; "
+                f"{_phases(entry.get('wall_s'))}")
             if doc["status"] != "passed":
                 break
         if doc["status"] == "passed" and any(not e["passed"] for e in doc["correctness"]):
@@ -394,6 +403,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
                     current_shape = shape.name
                     if not _bench_workload(child, problem, shape, opts, doc, fail):
                         break
+                    say(f"timed {shape.name}: {_phases(doc['performance'][-1].get('wall_s'))}")
                 current_shape = None
                 _score(doc)
             else:
@@ -412,6 +422,10 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             doc["flags"].append({"code": "detached_processes", "line": None, "message": (
                 f"{child.strays_killed} process(es) the submission detached from its process group were killed")})
     return _finish(doc)
+
+
+def _phases(wall_s: dict[str, float] | None) -> str:
+    return ", ".join(f"{k} {v:.1f} s" for k, v in (wall_s or {}).items())
 
 
 def _finish(doc: dict[str, Any]) -> dict[str, Any]:
