@@ -39,7 +39,9 @@ def test_a_file_cut_short_after_its_size_was_read_is_refused(tmp_path, monkeypat
     class Stale:
         st_size = real.st_size
 
-    monkeypatch.setattr(type(tmp_path), "stat", lambda self, **kw: Stale())
+    import pipeline.kernel.transport as transport
+
+    monkeypatch.setattr(transport.os, "fstat", lambda fd: Stale())
     with pytest.raises(BundleError, match="ends after"):
         read_bundle(tmp_path / "b")
 
@@ -111,3 +113,21 @@ def test_fingerprint_sees_every_bit_and_every_position(dtype, numel):
     assert fingerprint(t[1:]) == fingerprint(t[1:].clone())  # an unaligned view reads the same bits
     other = torch.float32 if dtype != torch.float32 else torch.float64
     assert fingerprint(t.to(other)) != base  # dtype is part of it
+
+
+def test_neither_side_writes_or_reads_through_a_link_the_other_left(tmp_path):
+    """The child shares the scratch folder with the parent (root, on the runner): a link it plants at
+    the name of the parent's next bundle must not turn the parent's write into an overwrite of the
+    link's target, nor a read into a read of it."""
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    link = tmp_path / "inputs.bin"
+    link.symlink_to(target)
+    write_bundle(link, {"x": torch.arange(4)})
+    assert target.read_text() == "keep me"
+    assert not link.is_symlink() and torch.equal(read_bundle(link)["x"], torch.arange(4))
+    other = tmp_path / "output.bin"
+    write_bundle(tmp_path / "real.bin", {"y": torch.ones(2)})
+    other.symlink_to(tmp_path / "real.bin")
+    with pytest.raises(BundleError, match="plain file"):
+        read_bundle(other)
