@@ -33,14 +33,23 @@ def main() -> None:
     n = int(args.gb * 1e9)
     t = torch.randint(0, 255, (n,), dtype=torch.uint8)
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    rows = {"write": [], "mapped_read": [], "counted_read": []}
+    rows = {"write": [], "plain_write": [], "mapped_read": [], "counted_read": []}
+
+    def plain_write(path: Path) -> None:
+        """The writer before 2026-11-30, for comparison: a host copy, then write() of it."""
+        with open(path, "wb") as f:
+            f.write(memoryview(t.to("cpu").contiguous().numpy()))
+
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         path = Path(tmp) / "set.bin"
         for i in range(args.repeats):
-            path.unlink(missing_ok=True)  # a new file every time, as every bundle of an evaluation is
-            t0 = time.perf_counter()
-            write_bundle(path, {"w": t})
-            t1 = time.perf_counter()
+            plain = Path(tmp) / "plain.bin"
+            for key in (["write", "plain_write"] if i % 2 == 0 else ["plain_write", "write"]):
+                (path if key == "write" else plain).unlink(missing_ok=True)  # a new file every time
+                t0 = time.perf_counter()
+                write_bundle(path, {"w": t}) if key == "write" else plain_write(plain)
+                rows[key].append(n / (time.perf_counter() - t0) / 1e9)
+            plain.unlink(missing_ok=True)
             order = ["mapped_read", "counted_read"][:: 1 if i % 2 == 0 else -1]  # neither always reads first
             for key in order:
                 s0 = time.perf_counter()
@@ -48,9 +57,9 @@ def main() -> None:
                 rows[key].append(n / (time.perf_counter() - s0) / 1e9)
                 assert torch.equal(back, t)
                 del back
-            rows["write"].append(n / (t1 - t0) / 1e9)
     summary = {k: statistics.median(v) for k, v in rows.items()}
-    print(f"{args.gb:g} GB bundle on {base or 'the default temp dir'}: write {summary['write']:.2f} GB/s, "
+    print(f"{args.gb:g} GB bundle on {base or 'the default temp dir'}: write {summary['write']:.2f} GB/s "
+          f"(a plain write() {summary['plain_write']:.2f} GB/s), "
           f"mapped read (the child's) {summary['mapped_read']:.2f} GB/s, counted read (the parent's) "
           f"{summary['counted_read']:.2f} GB/s "
           f"(medians of {args.repeats}; all runs {json.dumps(rows)})")
