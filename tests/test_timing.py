@@ -102,3 +102,35 @@ def _judged(sub_us, sub_fresh, base_us, base_fresh):
 )
 def test_the_fresh_content_cross_check_is_judged_against_the_baseline(figures, expected):
     assert _judged(*figures) == expected
+
+
+def test_the_memory_peak_of_an_h200_and_an_h100_from_nvml_facts():
+    from pipeline.kernel.evaluate import memory_peak_bytes_per_s
+
+    assert memory_peak_bytes_per_s(6144, 3201) == pytest.approx(4.917e12, rel=1e-3)  # H200 (datasheet 4.8 TB/s)
+    assert memory_peak_bytes_per_s(5120, 2619) == pytest.approx(3.352e12, rel=1e-3)  # H100 SXM (datasheet 3.35)
+
+
+@pytest.mark.parametrize(
+    "ceilings, expected_us",
+    [
+        # The attention baseline's B32 bytes at the H200's measured speeds sat on the floor (347 us);
+        # at the memory's peak the floor is the time no honest kernel can beat.
+        ({"copy_bytes_per_s": 4.10e12, "read_bytes_per_s": 4.17e12, "peak_bytes_per_s": 4.917e12,
+          "bf16_flops_per_s": 7e14}, 1.4475e9 / 4.917e12 * 1e6),
+        # No NVML: the faster of the measured bandwidths.
+        ({"copy_bytes_per_s": 4.10e12, "read_bytes_per_s": 4.17e12, "peak_bytes_per_s": None,
+          "bf16_flops_per_s": 7e14}, 1.4475e9 / 4.17e12 * 1e6),
+        # A peak that reads lower than a measurement (a misreport) never raises the floor.
+        ({"copy_bytes_per_s": 4.10e12, "read_bytes_per_s": 4.17e12, "peak_bytes_per_s": 1e12,
+          "bf16_flops_per_s": 7e14}, 1.4475e9 / 4.17e12 * 1e6),
+        # Compute-bound: 1e12 FLOPs at a measured 1e15 per second take 1,000 us, more than the bytes.
+        ({"copy_bytes_per_s": 4.10e12, "read_bytes_per_s": 4.17e12, "peak_bytes_per_s": 4.917e12,
+          "bf16_flops_per_s": 1e15}, 1000.0),
+    ],
+)
+def test_the_floor_takes_the_fastest_bandwidth_known(ceilings, expected_us):
+    from pipeline.kernel.evaluate import floor_us
+
+    work = {"bytes": 1.4475e9, "flops": 1e12 if ceilings["bf16_flops_per_s"] == 1e15 else 2e6}
+    assert floor_us(work, ceilings) == pytest.approx(expected_us)
