@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
-#   bash benchmarks/gpu_session.sh exploits tests official repeat5 repeat5x noise placements guard flush
+#   bash benchmarks/gpu_session.sh exploits tests official official1 official2 heavy repeat5 repeat5x noise placements guard flush
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -35,6 +35,10 @@ for what in "$@"; do
                  --problem muse_attention_decode --problem muse_decode_layer --timeout 240 --json "$OUT/official1.json" ;;
     official2) step official2 540 python3 benchmarks/official_eval.py --problem muse_moe_w4a16 \
                  --problem muse_prefill_layer --timeout 260 --json "$OUT/official2.json" ;;
+    # What a competitive submission's evaluation costs on the three problems with GB-sized inputs, with
+    # each evaluation's progress lines (phases per shape) printed when it runs past its limit.
+    heavy) step heavy 570 python3 benchmarks/official_eval.py --as-baseline --problem muse_moe_w4a16 \
+             --problem muse_decode_layer --problem muse_prefill_layer --timeout 185 --json "$OUT/heavy.json" ;;
     repeat5) step repeat5 300 python3 benchmarks/repeatability.py problems/muse_bf16_proj/template.py --runs 5 \
                --json "$OUT/repeat5.json" ;;
     repeat5x) PIPELINE_TIMING_L2_MULTIPLE=5 step repeat5x 300 python3 benchmarks/repeatability.py \
