@@ -125,6 +125,10 @@ class Child:
 
     def request(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send one request; return the reply, or raise TimeoutError / ChildFailure (process gone)."""
+        return self.receive(self.send(req, timeout))
+
+    def send(self, req: dict[str, Any], timeout: float) -> tuple[str, float]:
+        """Send a request without waiting: (its nonce, the instant its reply is due) for `receive`."""
         # Every reply must echo a fresh nonce: a line that the submission writes to the reply pipe
         # itself (its number is no secret) cannot pass for the harness's answer.
         nonce = secrets.token_hex(16)
@@ -133,7 +137,10 @@ class Child:
             os.write(self._req_w, (json.dumps(req) + "\n").encode())
         except BrokenPipeError:
             raise ChildFailure(self._death()) from None
-        limit = min(time.monotonic() + timeout, self.deadline)
+        return nonce, min(time.monotonic() + timeout, self.deadline)
+
+    def receive(self, pending: tuple[str, float]) -> dict[str, Any]:
+        nonce, limit = pending
         while b"\n" not in self._buf:
             remaining = limit - time.monotonic()
             if remaining <= 0:
@@ -470,7 +477,8 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
     }
     worst: dict[str, dict[str, Any]] = {}
     watch = Stopwatch()
-    for i in range(n_seeds):
+
+    def prepare(i: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], str]:
         seed = (
             seedlib.secret_seed(opts.secret, problem.name, shape.name, i)
             if opts.secret
@@ -486,15 +494,29 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
         if i == 0 and fingerprints(kept) != before:
             raise RuntimeError(f"reference of {problem.name} modified its inputs")
         watch.lap("reference")
-        write_bundle(child.scratch / "inputs.bin", inputs)
+        name = f"inputs_{i % 2}.bin"
+        write_bundle(child.scratch / name, inputs)
         watch.lap("transport")
+        return inputs, expected, before, name
+
+    upcoming = prepare(0)
+    for i in range(n_seeds):
+        inputs, expected, before, name = upcoming
         poison = expected["output"].numel() * 2
         timeout = opts.limits.first_call if (first and i == 0) else opts.limits.call
-        reply = child.request(
-            {"op": "call", "target": "submission", "inputs": "inputs.bin", "output": "output.bin",
+        pending = child.send(
+            {"op": "call", "target": "submission", "inputs": name, "output": "output.bin",
              "inplace": list(problem.inplace), "poison_bytes": poison},
             timeout,
         )
+        # The next seed is made and shipped while the child works on this one (a layer's input set is
+        # gigabytes), except during a shape's first call: that is where a submission compiles and
+        # autotunes, and it must have the GPU to itself.
+        overlap = i > 0 and i + 1 < n_seeds
+        if overlap:
+            upcoming = prepare(i + 1)
+        reply = child.receive(pending)
+        (child.scratch / name).unlink(missing_ok=True)  # read by now: no need to hold gigabytes of tmpfs
         watch.lap("call")
         entry["seeds"] = i + 1
         entry["wall_s"] = watch.summary()
@@ -517,14 +539,16 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
         changed += sorted(k for k in before if k not in (reply.get("fingerprints") or {}))
         if changed:
             verdicts["inputs"] = {"passed": False, "reason": f"the submission modified its inputs: {', '.join(changed)}"}
-        for name, v in verdicts.items():
-            prev = worst.get(name)
+        for out, v in verdicts.items():
+            prev = worst.get(out)
             if prev is None or not v["passed"] or (prev["passed"] and v.get("rel_l2", 0) > prev.get("rel_l2", 0)):
-                worst[name] = v
-        failed = [f"{name}: {v['reason']}" for name, v in verdicts.items() if not v["passed"]]
+                worst[out] = v
+        failed = [f"{out}: {v['reason']}" for out, v in verdicts.items() if not v["passed"]]
         if failed:
             entry.update(passed=False, failed_seed_index=i, reason="; ".join(failed))
             break
+        if not overlap and i + 1 < n_seeds:
+            upcoming = prepare(i + 1)
     entry["outputs"] = worst
     entry["wall_s"] = watch.summary()
     return entry
@@ -680,6 +704,8 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
         write_bundle(child.scratch / files[-1], s)
     watch.lap("inputs")
     reply = child.request({"op": "bench_prepare", "inputs": files}, opts.limits.first_call)
+    for f in files:  # read by now
+        (child.scratch / f).unlink(missing_ok=True)
     if not reply.get("ok"):
         fail(reply.get("status", "runtime_error"), reply)
         return False
@@ -767,6 +793,8 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
             names.append(f"fresh_{r}.bin")
             write_bundle(child.scratch / names[-1], s)
         outs = child.request({"op": "bench_outputs", "inplace": list(problem.inplace), "fresh": names}, opts.limits.call)
+        for f in names:
+            (child.scratch / f).unlink(missing_ok=True)
         why = _check_graph_outputs(child, problem, outs, fresh, "graph replayed on fresh inputs") if outs.get("ok") else outs.get("error")
         del fresh
     child.request({"op": "bench_release"}, opts.limits.call)
