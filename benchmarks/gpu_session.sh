@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
-#   bash benchmarks/gpu_session.sh exploits tests official official1 official2 heavy repeat5 repeat5x noise placements guard flush
+#   bash benchmarks/gpu_session.sh exploits tests official official1 official2 heavy bias repeat5 repeat5x workspace noise placements guard flush
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -48,6 +48,13 @@ for what in "$@"; do
                 step place-compare 30 python3 benchmarks/placements.py --compare "$OUT"/place?.json ;;
     guard) for i in 1 2 3 4 5; do step guard$i 40 python3 benchmarks/launch_guard.py --json "$OUT/guard$i.json"; done
            step guard-compare 30 python3 benchmarks/launch_guard.py --compare "$OUT"/guard?.json ;;
+    workspace) for i in 1 2 3; do step workspace$i 60 python3 benchmarks/blas_workspace.py --json "$OUT/workspace$i.json"; done ;;
+    # Does the harness favour either side? The baseline submitted against itself, 3 runs each, on the
+    # heavy problems' workloads that came out 0.3-0.4% in the baseline's favour in one official run.
+    bias) step bias-decode 150 python3 benchmarks/repeatability.py --as-baseline --problem muse_decode_layer --shape B1 \
+            --runs 3 --json "$OUT/bias-decode.json"
+          step bias-moe 150 python3 benchmarks/repeatability.py --as-baseline --problem muse_moe_w4a16 --shape M16 \
+            --runs 3 --json "$OUT/bias-moe.json" ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     *) echo "unknown step $what" ;;
   esac
