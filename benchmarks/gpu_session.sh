@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
-#   bash benchmarks/gpu_session.sh exploits tests official official1 official2 heavy bias repeat5 repeat5x workspace noise placements guard flush
+#   bash benchmarks/gpu_session.sh exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -33,6 +33,8 @@ for what in "$@"; do
     # The five problems in two calls' worth: the light ones, then the two with GB-sized input sets.
     official1) step official1 500 python3 benchmarks/official_eval.py --problem muse_bf16_proj \
                  --problem muse_attention_decode --problem muse_decode_layer --timeout 240 --json "$OUT/official1.json" ;;
+    light) step light 170 python3 benchmarks/official_eval.py --problem muse_bf16_proj --problem muse_attention_decode \
+             --timeout 150 --json "$OUT/light.json" ;;
     official2) step official2 540 python3 benchmarks/official_eval.py --problem muse_moe_w4a16 \
                  --problem muse_prefill_layer --timeout 260 --json "$OUT/official2.json" ;;
     # What a competitive submission's evaluation costs on the three problems with GB-sized inputs, with
