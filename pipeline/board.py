@@ -689,7 +689,9 @@ def _rules(d: Derived) -> list[str]:
         "- Score: the geometric mean of the workloads' speedups (baseline median / submission median, both "
         "from the same run); time: the geometric mean of the submission's medians. Each competitor's best "
         "result is ranked.",
-        "- Ties: walking down the scores, an entry whose 95% interval overlaps that of the first entry of "
+        "- Ties: a score's 95% interval is the interval from its own samples widened by the problem's "
+        "measured run-to-run band (how far the baseline scores against itself across evaluations on the H200). "
+        "Walking down the scores, an entry whose 95% interval overlaps that of the first entry of "
         "the current rank group joins that group; a group shares one rank and lists the earlier accepted "
         "result first. The first entry of rank 1 holds the board.",
         "- Results under review (for example a time below 0.95x the analytic floor) and disqualified "

@@ -65,6 +65,7 @@ class Problem:
     tests: list[dict[str, Any]]
     model: dict[str, dict[str, Any]]
     official_seeds: int = 8
+    run_to_run: float = 0.0
     _reference: ModuleType | None = field(default=None, repr=False)
 
     def shapes(self, model: str = "full", kinds: tuple[str, ...] = ("workload", "test")) -> list[Shape]:
@@ -151,6 +152,21 @@ def _tolerance(path: Path, key: str, raw: dict[str, Any]) -> Tolerance:
     return tol
 
 
+# A problem whose baseline was not yet evaluated against itself on the H200 gets the widest band measured
+# on any problem (docs/BENCHMARKS.md, "Run to run").
+DEFAULT_RUN_TO_RUN = 0.003
+
+
+def _run_to_run(path: Path, data: dict[str, Any]) -> float:
+    """The score's run-to-run band: how far the baseline's score against itself strays from 1 across
+    evaluations on the H200 (benchmarks/repeatability.py --as-baseline), a fraction."""
+    value = data.get("run_to_run", DEFAULT_RUN_TO_RUN)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 0.05:
+        raise ProblemError(f"{path}: run_to_run = {value!r} is not a fraction between 0 and 0.05 (0.003 is 0.3%); "
+                           "measure it with benchmarks/repeatability.py --as-baseline")
+    return float(value)
+
+
 def load_problem(name: str, root: Path = REPO_ROOT) -> Problem:
     if not _NAME_RE.match(name or ""):
         raise ProblemError(f"{name!r} is not a problem name (lowercase letters, digits, underscores)")
@@ -190,6 +206,7 @@ def load_problem(name: str, root: Path = REPO_ROOT) -> Problem:
         tests=tests,
         model=load_model(root),
         official_seeds=int(data.get("official_seeds", 8)),
+        run_to_run=_run_to_run(path, data),
     )
     if not problem.reference_path.is_file():
         raise ProblemError(f"problem {name!r} has no reference at {problem.reference_path}")

@@ -80,6 +80,8 @@ def score_line(doc: dict[str, Any]) -> str | None:
     line = f"score: {score['time_us']:,.1f} us, {score['speedup']:.3f}x (geometric means)"
     if score.get("interval"):
         line += f"; 95% interval of the speedup {score['interval'][0]:.3f}x - {score['interval'][1]:.3f}x"
+        if score.get("run_to_run"):
+            line += f" (with the problem's run-to-run band of +-{score['run_to_run']:.1%})"
     return line
 
 

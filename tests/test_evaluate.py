@@ -160,6 +160,30 @@ def test_timing_produces_a_score_marked_unofficial():
     assert doc["score"]["speedup"] > 0
 
 
+def test_the_score_interval_is_widened_by_the_run_to_run_band():
+    """Two evaluations of the same code on the H200 scored 1.0009 and 0.9973 (docs/BENCHMARKS.md), each
+    with a within-run interval of about +-0.05%: without the band the board would rank one above the
+    other; with the problem's band (0.3%) their intervals overlap and they tie."""
+    from pipeline.kernel.evaluate import _score
+
+    def doc(speedup, run_to_run):
+        base, sub = 1000.0 * speedup, 1000.0
+        d = {"status": "passed", "performance": [{
+            "workload": "W", "median_us": sub, "interval_us": [sub * 0.9995, sub * 1.0005],
+            "baseline_median_us": base, "baseline_interval_us": [base * 0.9995, base * 1.0005], "speedup": speedup}]}
+        _score(d, run_to_run)
+        return d["score"]
+
+    a, b = doc(1.0009, 0.0), doc(0.9973, 0.0)
+    assert a["interval"] == a["within_run_interval"] and a["run_to_run"] == 0.0
+    assert a["interval"][0] > b["interval"][1]  # no overlap: ranked apart
+    a, b = doc(1.0009, 0.003), doc(0.9973, 0.003)
+    lo, hi = a["within_run_interval"]
+    assert a["interval"] == pytest.approx([lo / 1.003, hi * 1.003]) and a["run_to_run"] == 0.003
+    assert a["interval"][0] <= b["interval"][1]  # overlap: a tie
+    assert a["speedup"] == pytest.approx(1.0009)  # the point score itself is untouched
+
+
 CLI = [sys.executable, "-m", "pipeline", "evaluate"]
 
 

@@ -8,7 +8,7 @@ import torch
 
 from pipeline.kernel.calibrate import run_variant, variants
 from pipeline.kernel.evaluate import Options, evaluate
-from pipeline.problems import list_problems, load_problem
+from pipeline.problems import DEFAULT_RUN_TO_RUN, ProblemError, list_problems, load_problem
 
 PROBLEMS = list_problems()
 MODEL = "full" if torch.cuda.is_available() else "smoke"
@@ -40,6 +40,35 @@ def test_template_passes_the_evaluator(name):
     failures = [(e["shape"], e["reason"]) for e in doc["correctness"] if not e["passed"]]
     assert doc["status"] == "passed", (doc["error"], failures)
     assert len(doc["correctness"]) == len(problem.shapes(MODEL))
+
+
+def _copy_problem(root, name, run_to_run_line):
+    """A repository root holding one problem whose problem.toml says `run_to_run_line` (or nothing)."""
+    import shutil
+
+    src = load_problem(name)
+    (root / "problems" / name).mkdir(parents=True)
+    shutil.copy(src.directory.parent / "model.toml", root / "problems" / "model.toml")
+    (root / "reference").mkdir()
+    shutil.copy(src.reference_path, root / "reference" / src.reference_path.name)
+    text = "\n".join(line for line in (src.directory / "problem.toml").read_text().splitlines()
+                      if not line.startswith("run_to_run"))
+    text = text.replace("official_seeds = 8", f"official_seeds = 8\n{run_to_run_line}")
+    (root / "problems" / name / "problem.toml").write_text(text)
+    return root
+
+
+def test_run_to_run_is_read_with_a_default_and_a_bad_value_is_refused(tmp_path):
+    assert load_problem("muse_bf16_proj").run_to_run == 0.001
+    assert load_problem("muse_attention_decode").run_to_run == DEFAULT_RUN_TO_RUN  # not measured yet
+    root = _copy_problem(tmp_path / "a", "muse_bf16_proj", "run_to_run = 0.0025")
+    assert load_problem("muse_bf16_proj", root).run_to_run == 0.0025
+    root = _copy_problem(tmp_path / "b", "muse_bf16_proj", "")
+    assert load_problem("muse_bf16_proj", root).run_to_run == DEFAULT_RUN_TO_RUN
+    for i, bad in enumerate(["0.5", "-0.001", "true", '"0.3%"']):
+        root = _copy_problem(tmp_path / f"bad{i}", "muse_bf16_proj", f"run_to_run = {bad}")
+        with pytest.raises(ProblemError, match=r"problem.toml: run_to_run = .* is not a fraction .*repeatability"):
+            load_problem("muse_bf16_proj", root)
 
 
 CASES = [(name, path) for name in PROBLEMS for path in variants(name)]
@@ -74,3 +103,4 @@ def test_template_and_baseline_survive_the_official_timing(name):
     assert [p["workload"] for p in doc["performance"]] == [w["name"] for w in problem.workloads]
     for p in doc["performance"]:
         assert p["baseline_median_us"] >= 0.95 * p["floor_us"], p
+    assert doc["score"]["run_to_run"] == problem.run_to_run

@@ -412,7 +412,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
                         break
                     say(f"timed {shape.name}: {_phases(doc['performance'][-1].get('wall_s'))}")
                 current_shape = None
-                _score(doc)
+                _score(doc, problem.run_to_run)
             else:
                 current_shape = None
                 _time_workloads(child, problem, workloads, device, opts, doc, fail)
@@ -864,14 +864,21 @@ def _judge_fresh_content(doc: dict[str, Any], entry: dict[str, Any]) -> None:
                              "line": None})
 
 
-def _score(doc: dict[str, Any]) -> None:
+def _score(doc: dict[str, Any], run_to_run: float = 0.0) -> None:
+    """The score: the geometric mean of the workloads' speedups, and its 95% interval. The interval
+    from the samples (order statistics of each median) covers what varies within one evaluation; what
+    varies between evaluations of the same code (each graph's memory is placed anew in every process)
+    is the problem's measured run-to-run band, by which the interval is widened on each side, so two
+    results that a re-run could swap are a tie on the board (docs/TIMING.md, "Score")."""
     perf = doc["performance"]
     if not perf or doc["status"] not in ("passed", "needs_review"):
         return
-    lo = [p["baseline_interval_us"][0] / p["interval_us"][1] for p in perf]
-    hi = [p["baseline_interval_us"][1] / p["interval_us"][0] for p in perf]
+    lo = geomean([p["baseline_interval_us"][0] / p["interval_us"][1] for p in perf])
+    hi = geomean([p["baseline_interval_us"][1] / p["interval_us"][0] for p in perf])
     doc["score"] = {
         "speedup": geomean([p["speedup"] for p in perf]),
         "time_us": geomean([p["median_us"] for p in perf]),
-        "interval": [geomean(lo), geomean(hi)],
+        "interval": [lo / (1 + run_to_run), hi * (1 + run_to_run)],
+        "within_run_interval": [lo, hi],
+        "run_to_run": run_to_run,
     }
