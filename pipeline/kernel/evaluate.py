@@ -869,7 +869,7 @@ def _score(doc: dict[str, Any], run_to_run: float = 0.0) -> None:
     from the samples (order statistics of each median) covers what varies within one evaluation; what
     varies between evaluations of the same code (each graph's memory is placed anew in every process)
     is the problem's measured run-to-run band, by which the interval is widened on each side, so two
-    results that a re-run could swap are a tie on the board (docs/TIMING.md, "Score")."""
+    results that a re-run could swap are a tie on the board (docs/TIMING.md, "Score interval")."""
     perf = doc["performance"]
     if not perf or doc["status"] not in ("passed", "needs_review"):
         return
