@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
@@ -69,7 +68,7 @@ def main() -> None:
     for M in args.ms:
         shape = problem.shape(f"M{M}", "full")
         one = problem.reference.make_inputs(shape, 0, "cuda")
-        R = max(2, math.ceil(20 * l2 / sum(v.numel() * v.element_size() for v in one.values())))
+        R = timing.rotation_sets(one, l2, 20)
         sets = [one] + [problem.reference.make_inputs(shape, r, "cuda") for r in range(1, R)]
         first_stream = torch.cuda.Stream()
         k = None

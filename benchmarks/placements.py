@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
@@ -59,7 +58,7 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     fn = lambda s: F.linear(s["x"], s["w"])  # noqa: E731
     one = problem.reference.make_inputs(shape, 0, "cuda")
-    R = max(2, math.ceil(args.multiple * l2 / sum(v.numel() * v.element_size() for v in one.values())))
+    R = timing.rotation_sets(one, l2, args.multiple)
     del one
     rng = random.Random()
 

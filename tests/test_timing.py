@@ -4,6 +4,7 @@ import random
 import statistics
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -134,3 +135,12 @@ def test_the_floor_takes_the_fastest_bandwidth_known(ceilings, expected_us):
 
     work = {"bytes": 1.4475e9, "flops": 1e12 if ceilings["bf16_flops_per_s"] == 1e15 else 2e6}
     assert floor_us(work, ceilings) == pytest.approx(expected_us)
+
+
+def test_rotation_sets_fill_the_multiple_of_l2_between_two_and_the_cap():
+    mib = 1 << 20
+    one_mib = {"w": torch.empty(mib, dtype=torch.uint8), "eps": 1e-6}  # scalars take no memory
+    assert timing.rotation_sets(one_mib, l2_bytes=mib, multiple=20) == 20
+    assert timing.rotation_sets(one_mib, l2_bytes=mib, multiple=2.5) == 3  # rounded up: at least the multiple
+    assert timing.rotation_sets({"w": torch.empty(16, dtype=torch.uint8)}, l2_bytes=mib, multiple=20) == timing.MAX_SETS
+    assert timing.rotation_sets({"w": torch.empty(64 * mib, dtype=torch.uint8)}, l2_bytes=mib, multiple=20) == 2

@@ -11,7 +11,6 @@ submission does: every failure becomes a status in the result document.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import secrets
@@ -662,10 +661,6 @@ def floor_us(floor: dict[str, float], ceilings: dict[str, Any]) -> float:
     return max(floor["bytes"] / bandwidth, floor["flops"] / ceilings["bf16_flops_per_s"]) * 1e6
 
 
-def _set_bytes(inputs: dict[str, Any]) -> int:
-    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
-
-
 def _timing_seed(problem: Problem, shape: Shape, opts: Options, index: int) -> int:
     tag = f"{shape.name}/timing"
     return seedlib.secret_seed(opts.secret, problem.name, tag, index) if opts.secret else seedlib.public_seed(problem.name, tag, index)
@@ -696,7 +691,7 @@ def _bench_workload(child, problem, shape, opts, doc, fail) -> bool:
     watch = Stopwatch()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     first = ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, 0), "cuda")
-    n_sets = max(2, min(64, math.ceil(opts.l2_multiple * l2 / max(1, _set_bytes(first)))))
+    n_sets = timing.rotation_sets(first, l2, opts.l2_multiple)
     sets = [first] + [ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, r), "cuda") for r in range(1, n_sets)]
     files = []
     for r, s in enumerate(sets):

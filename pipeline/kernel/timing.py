@@ -25,6 +25,7 @@ import torch
 
 TARGET_REPLAY_S = 1e-3
 MAX_CALLS_PER_GRAPH = 256
+MAX_SETS = 64
 MIN_SAMPLES = 50
 BLOCK = 10
 MIN_CROSS_PAIRS = 3
@@ -150,6 +151,13 @@ def replays_per_round(replay_us: float) -> int:
     """BLOCK replays per round when a replay lasts about TARGET_REPLAY_S, fewer (at least one) when
     the kernel is so slow that even one call per set makes a replay much longer."""
     return max(1, min(BLOCK, round(BLOCK * TARGET_REPLAY_S * 1e6 / max(replay_us, 1e-3))))
+
+
+def rotation_sets(inputs: dict[str, Any], l2_bytes: int, multiple: float) -> int:
+    """R, the input sets a timed graph cycles over: enough that together they fill `multiple` times
+    the L2, at least 2, at most MAX_SETS."""
+    nbytes = sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+    return max(2, min(MAX_SETS, math.ceil(multiple * l2_bytes / max(1, nbytes))))
 
 
 def choose_calls(per_call_us: float, n_sets: int) -> int:
