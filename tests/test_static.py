@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from pipeline.kernel.static import scan
 
@@ -43,5 +44,30 @@ def test_suspicious_code_is_flagged_at_its_line(source, code, line):
     assert any(f.code == code and f.line == line for f in flags), flags
 
 
-def test_unparseable_source_is_left_to_the_evaluator():
-    assert scan("def f(:\n") == []
+def test_unparseable_source_is_flagged_never_passed_in_silence():
+    flags = scan("def f(:\n")
+    assert [(f.code, f.line) for f in flags] == [("unparseable", 1)]
+    assert "compile error" in flags[0].message
+
+
+@pytest.mark.parametrize("path", HONEST[:3], ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_an_honest_kernel_stays_unflagged_as_bytes_with_a_bom_or_a_utf8_declaration(path):
+    data = path.read_bytes()
+    assert scan(data) == []
+    assert scan(b"\xef\xbb\xbf" + data) == []
+    assert scan(b"# -*- coding: utf-8 -*-\n" + data) == []
+
+
+def test_the_flags_point_at_the_line_python_runs():
+    source = b"\xef\xbb\xbf# -*- coding: latin-1 -*-\n"  # a BOM contradicting its declaration: unloadable
+    assert [f.code for f in scan(source)] == ["unparseable"]
+    flags = scan(b"# coding: raw_unicode_escape\nx = 1\n\\u0069mport socket\n")
+    assert ("network", 3) in {(f.code, f.line) for f in flags}
+    assert ("encoding", 1) in {(f.code, f.line) for f in flags}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200) | st.text(max_size=200))
+def test_the_scanner_never_raises(source):
+    for flag in scan(source):
+        assert flag.code and flag.message
