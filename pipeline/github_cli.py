@@ -426,7 +426,8 @@ CONCLUSIONS = {
 def _post_args(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--result", type=Path, metavar="JSON", help="the downloaded result.json (data only)")
-    p.add_argument("--key-file", type=Path, help="the result key (default: $PIPELINE_RESULT_KEY_FILE)")
+    p.add_argument("--keyring", type=Path, metavar="DIR", help="the runners' public keys (default: "
+                   "$PIPELINE_KEYRING, else keys/runners/ of the repository)")
     p.add_argument("--run-url", help="the bench run's page (default: the workflow_run event's html_url)")
 
 
@@ -483,11 +484,11 @@ def post_result(args: argparse.Namespace) -> int:
     except result.ResultError as exc:
         return _error(REFUSED, f"{args.result}: {exc}")
     try:
-        key = signing.load_key(args.key_file)
+        keyring = signing.load_keyring(args.keyring)
     except signing.SignatureError as exc:
         return _error(USAGE, str(exc))
     try:
-        signing.verify(doc, key)
+        signing.verify(doc, keyring)
     except signing.SignatureError as exc:
         return _error(REFUSED, f"{args.result}: {exc}; nothing was posted")
     sub = doc["submission"]

@@ -8,6 +8,11 @@ spaces, ASCII). Kinds of record:
   never edited; the latest marking of a result (by `at`) decides its state: disqualified, or credited
   (a clearance credits a result held for review, or withdraws a disqualification).
 
+Each result record's signed result document is kept beside the ledger, byte for byte, as
+`results/evidence/<sha256>.json` (the record's `result_sha256`): `verify` re-checks its Ed25519
+signature against the committed keyring (pipeline/signing.py) and that the record says exactly what the
+signed document says, so a chain re-sealed from an edited record onward still fails, naming the record.
+
 The hash chain runs over append (arrival) order across all shards: `seq` is the record's position in
 that order, `prev` the `sha256` of the record with seq - 1 (64 zeros for the first), and `sha256` the
 sha256 of the record's canonical JSON without its own `sha256` key. A record goes to the shard of the
@@ -27,6 +32,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +41,7 @@ from typing import Any, Callable, Iterable, Iterator
 from pipeline.competition import format_instant
 
 LEDGER_DIR = Path("results") / "ledger"
+EVIDENCE_DIR = Path("results") / "evidence"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "ledger.schema.json"
 RECORD_VERSION = 1
 GENESIS = "0" * 64
@@ -195,18 +202,21 @@ def record_problem(record: dict[str, Any]) -> str | None:
 
 # ---- building records ----
 
-def check_signature(doc: dict[str, Any], *, allow_unofficial: bool = False, key: bytes | None = None) -> None:
+def check_signature(doc: dict[str, Any], *, allow_unofficial: bool = False, keyring: Any = None,
+                    allow_retired: bool = False) -> None:
     """The runner's signature over the result document: raise LedgerRefusal when it does not verify.
 
-    Every result needs a signature made with the runner host's key ($PIPELINE_RESULT_KEY_FILE), except an
-    unofficial result appended with --allow-unofficial (tests and demos), which may be unsigned.
+    Every result needs a signature by a key of the committed keyring (`keyring`, default
+    pipeline.signing.load_keyring()), except an unofficial result appended with --allow-unofficial
+    (tests and demos), which may be unsigned. A retired key counts only with `allow_retired` (for what
+    the ledger already holds).
     """
     from pipeline import signing
 
     if doc.get("signature") is None and allow_unofficial and not doc.get("official"):
         return
     try:
-        signing.verify(doc, key if key is not None else signing.load_key())
+        signing.verify(doc, keyring if keyring is not None else signing.load_keyring(), allow_retired=allow_retired)
     except signing.SignatureError as exc:
         raise LedgerRefusal(f"the result's signature does not verify: {exc}. Record only the result.json that the "
                             "runner signed, unchanged.") from None
@@ -223,11 +233,15 @@ def result_record(
     allow_unofficial: bool = False,
     workloads: dict[str, list[str]] | None = None,
     source: str = "the result",
+    keyring: Any = None,
+    signature_checked: bool = False,
 ) -> dict[str, Any]:
     """A result document (and the bytes it was read from) -> the body of a `result` record.
 
     `workloads` maps each known kernel problem to its workload names; a kernel result must time exactly
-    those. Raises LedgerRefusal for anything that may not be recorded.
+    those. `keyring`: the public keys the signature is checked against (default: the repository's);
+    `signature_checked`: the caller already did (verify, which also accepts retired and revoked keys).
+    Raises LedgerRefusal for anything that may not be recorded.
     """
     from pipeline.result import ResultError, validate
 
@@ -248,7 +262,8 @@ def result_record(
             f"{source} is unofficial (device {doc['mode']['device']}, {doc['mode']['seeds']} seeds): only the "
             "runner's official results are recorded. Evaluate it on the runner (the run-eval label), or pass "
             "--allow-unofficial for a test or demo ledger (the board marks such results).")
-    check_signature(doc, allow_unofficial=allow_unofficial)
+    if not signature_checked:
+        check_signature(doc, allow_unofficial=allow_unofficial, keyring=keyring)
     if doc["official"] and (sub["pr"] is None or sub["head_sha"] is None):
         raise LedgerRefusal(f"{source} is official but names no PR or head SHA; the runner always records both")
     for key, given, flag in (("pr", pr, "--pr"), ("head_sha", head_sha, "--head-sha")):
@@ -369,9 +384,11 @@ def check_new(records: list[dict[str, Any]], body: dict[str, Any]) -> None:
 
 # ---- verification ----
 
-def verify_shards(shards: dict[str, bytes], check_schema: bool = True) -> list[dict[str, Any]]:
+def verify_shards(shards: dict[str, bytes], check_schema: bool = True,
+                  places: dict[int, str] | None = None) -> list[dict[str, Any]]:
     """Check every shard and the chain; return the records in append order, or raise LedgerBroken naming
-    the first bad record (in file order for a line that is not a record at all, else in chain order)."""
+    the first bad record (in file order for a line that is not a record at all, else in chain order).
+    `places`, when given, is filled with each record's place (seq -> "results/ledger/F line N")."""
     entries: list[tuple[int, str, int, dict[str, Any], bytes]] = []
     where_dir = LEDGER_DIR.as_posix()
     loads = _loader()
@@ -433,7 +450,108 @@ def verify_shards(shards: dict[str, bytes], check_schema: bool = True) -> list[d
             raise LedgerBroken(f"{where}: marks PR #{record['target']['pr']}, which has no earlier result record")
         prev = record["sha256"]
         out.append(record)
+        if places is not None:
+            places[seq] = f"{where_dir}/{name} line {lineno}"
     return out
+
+
+def evidence_path(root: Path, result_sha256: str) -> Path:
+    return Path(root) / EVIDENCE_DIR / f"{result_sha256}.json"
+
+
+def chain_head(records: list[dict[str, Any]]) -> str:
+    return records[-1]["sha256"] if records else GENESIS
+
+
+def _read_evidence(root: Path, sha: str) -> bytes | None:
+    path = evidence_path(root, sha)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LedgerBroken(f"{EVIDENCE_DIR.as_posix()}/{path.name}: cannot be read ({exc.strerror}); "
+                           "restore it from git") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise LedgerBroken(f"{EVIDENCE_DIR.as_posix()}/{path.name}: not a regular file; restore it from git")
+        return fh.read()
+
+
+def verify_evidence(root: Path, records: list[dict[str, Any]], keyring: Any, *, allow_unofficial: bool = False,
+                    places: dict[int, str] | None = None) -> dict[str, int]:
+    """Every result record against its signed document in results/evidence/: the file is there and hashes
+    to the record's result_sha256, its signature verifies against `keyring` (a retired key too; a revoked
+    key only for a result that is disqualified), and every field of the record is what the document
+    gives. Raises LedgerBroken naming the first bad record (in chain order); returns {key id: results}."""
+    from pipeline import signing
+    from pipeline.result import ResultError, validate
+
+    places = places or {}
+    by_key: dict[str, int] = {}
+    revoked: list[tuple[dict[str, Any], str]] = []
+    for record in records:
+        if record["kind"] != "result":
+            continue
+        place = f"{places.get(record['seq'], LEDGER_DIR.as_posix())} (record seq {record['seq']}, PR #{record['pr']})"
+        sha = record["result_sha256"]
+        rel = f"{EVIDENCE_DIR.as_posix()}/{sha}.json"
+        raw = _read_evidence(root, sha)
+        if raw is None:
+            raise LedgerBroken(f"{place}: its signed result {rel} is missing, so nothing shows the record is what the "
+                               "runner measured; restore the file from git (or the bench run's `result` artifact)")
+        if hashlib.sha256(raw).hexdigest() != sha:
+            raise LedgerBroken(f"{place}: {rel} does not hash to the record's result_sha256: the evidence was changed; "
+                               "restore it from git")
+        try:
+            doc = signing.loads(raw)
+            validate(doc)
+        except (ValueError, UnicodeDecodeError, ResultError) as exc:
+            raise LedgerBroken(f"{place}: {rel} is not a valid result ({str(exc).splitlines()[0]}); restore it from "
+                               "git") from None
+        sig = doc.get("signature")
+        if sig is None:
+            if doc["official"] or not allow_unofficial:
+                raise LedgerBroken(f"{place}: its result {rel} is not signed"
+                                   + ("" if doc["official"] else " (an unofficial result: pass --allow-unofficial for "
+                                      "a test or demo ledger)"))
+        else:
+            kid = sig.get("key_id") if isinstance(sig, dict) else None
+            key = keyring.keys.get(kid) if isinstance(kid, str) else None
+            try:
+                if key is not None and key.status == "revoked":
+                    ring = signing.Keyring(keyring.directory, {kid: signing.RunnerKey(
+                        key.key_id, key.name, "retired", key.path, key.public)})
+                    signing.verify(doc, ring, allow_retired=True)
+                    revoked.append((record, place))
+                else:
+                    key = signing.verify(doc, keyring, allow_retired=True)
+            except signing.SignatureError as exc:
+                raise LedgerBroken(f"{place}: the signature of {rel} does not verify: {exc}") from None
+            by_key[key.key_id] = by_key.get(key.key_id, 0) + 1
+        body = {k: v for k, v in record.items() if k not in CHAIN_KEYS}
+        try:
+            expected = result_record(doc, raw, pr=record["pr"], login=record["login"], head_sha=record["head_sha"],
+                                     accepted_at=record["accepted_at"], allow_unofficial=True, source=rel,
+                                     signature_checked=True)
+        except LedgerRefusal as exc:
+            raise LedgerBroken(f"{place}: the record does not belong to its signed result: "
+                               f"{str(exc).splitlines()[0]}") from None
+        differ = sorted(k for k in set(body) | set(expected) if body.get(k, ...) != expected.get(k, ...))
+        if differ:
+            raise LedgerBroken(f"{place}: {', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from its signed "
+                               f"result {rel}: the record was changed after it was written (and the chain re-sealed "
+                               "over it); restore the ledger from git")
+    if revoked:
+        marks = latest_markings(records)
+        for record, place in revoked:
+            mark = marks.get((record["pr"], record["head_sha"]))
+            if mark is None or mark["kind"] != "disqualification":
+                raise LedgerBroken(f"{place}: signed with a revoked key ({record['signature'].get('key_id')}); "
+                                   "disqualify it (`python -m pipeline ledger disqualify --pr "
+                                   f"{record['pr']} --head-sha {record['head_sha']} --reason 'signed with a revoked "
+                                   "key' --by <you>`) and have the head evaluated again")
+    return by_key
 
 
 def _loader() -> Callable[[bytes], Any]:
@@ -511,8 +629,18 @@ def iter_records(root: Path) -> Iterator[dict[str, Any]]:
                 yield from _parse_lines(path.name, f)
 
 
-def verify(root: Path) -> list[dict[str, Any]]:
-    return verify_shards(read_shards(root))
+def verify(root: Path, *, keyring: Any = None, evidence: bool = True, allow_unofficial: bool = False
+           ) -> list[dict[str, Any]]:
+    """The chain, and (with `evidence`) every result record against its signed document (verify_evidence;
+    `keyring` defaults to the one for `root`: $PIPELINE_KEYRING or ROOT/keys/runners)."""
+    places: dict[int, str] = {}
+    records = verify_shards(read_shards(root), places=places)
+    if evidence:
+        from pipeline import signing
+
+        ring = keyring if keyring is not None else signing.load_keyring(signing.keyring_dir(root))
+        verify_evidence(root, records, ring, allow_unofficial=allow_unofficial, places=places)
+    return records
 
 
 @contextmanager
@@ -528,20 +656,50 @@ def _locked(root: Path) -> Iterator[Path]:
         os.close(fd)
 
 
-def append(root: Path, body: dict[str, Any] | Callable[[list[dict[str, Any]]], dict[str, Any]]
-           ) -> tuple[dict[str, Any], Path]:
+def write_evidence(root: Path, raw: bytes) -> Path:
+    """Keep a signed result document, byte for byte, as results/evidence/<sha256>.json (a new file
+    renamed into place; one that is already there with these bytes is left alone)."""
+    sha = hashlib.sha256(raw).hexdigest()
+    path = evidence_path(root, sha)
+    existing = _read_evidence(root, sha) if path.exists() or path.is_symlink() else None
+    if existing is not None and hashlib.sha256(existing).hexdigest() == sha:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(raw)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def append(root: Path, body: dict[str, Any] | Callable[[list[dict[str, Any]]], dict[str, Any]],
+           evidence: bytes | None = None) -> tuple[dict[str, Any], Path]:
     """Seal a record body onto the end of the chain and write it to its month's shard. `body` may be a
-    function of the records already there (a marking names its target). The whole ledger is verified
-    first, under a lock: nothing is appended to a broken chain. Returns the record and its shard."""
+    function of the records already there (a marking names its target). A result record needs
+    `evidence`, the exact bytes of its signed result document (they must hash to its result_sha256),
+    kept in results/evidence/ before the record is written. The whole chain is verified first, under a
+    lock: nothing is appended to a broken chain. Returns the record and its shard."""
     with _locked(root) as directory:
         records = verify_shards(read_shards(root))
         if callable(body):
             body = body(records)
+        if body["kind"] == "result":
+            if evidence is None:
+                raise LedgerRefusal("a result record is appended with its signed result document (the evidence "
+                                    "`ledger verify` re-checks); none was given")
+            if hashlib.sha256(evidence).hexdigest() != body["result_sha256"]:
+                raise LedgerRefusal("the evidence given does not hash to the record's result_sha256: append the "
+                                    "record of the result file it was read from")
         check_new(records, body)
         record = seal(body, len(records), records[-1]["sha256"] if records else GENESIS)
         bad = schema_problems(record)
         if bad:
             raise LedgerRefusal(f"the new record is not a valid ledger record: {'; '.join(bad)}")
+        if evidence is not None and body["kind"] == "result":
+            write_evidence(root, evidence)
         path = directory / shard_name(record_time(record))
         with open(path, "a", encoding="ascii") as f:
             f.write(canonical(record) + "\n")

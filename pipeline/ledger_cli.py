@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.competition import REPO_ROOT, Competition, CompetitionError, InstantError, format_instant, parse_instant
+from pipeline.signing import SignatureError
 
 OK, REFUSED, USAGE = 0, 1, 2
 SNAPSHOTS_DIR = Path("results") / "snapshots"
@@ -85,8 +86,13 @@ def _ledger_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--merged-at", required=True, metavar="ISO8601", help="the PR's merged_at from the GitHub API")
     a.add_argument("--allow-unofficial", action="store_true",
                    help="accept a CPU (unofficial) result: for tests and demos; the board marks it")
+    _keyring(a)
     _common(a)
-    v = sub.add_parser("verify", help="check every shard and the hash chain; name the first bad record")
+    v = sub.add_parser("verify", help="check every shard, the hash chain, and every result record against its "
+                       "signed document in results/evidence/; name the first bad record")
+    v.add_argument("--allow-unofficial", action="store_true",
+                   help="accept unsigned unofficial (CPU) results: a test or demo ledger")
+    _keyring(v)
     _common(v)
     for kind, verb, text in (("disqualification", "disqualify", "mark a recorded result disqualified"),
                              ("clearance", "clear", "credit a result held for review, or withdraw a disqualification")):
@@ -100,18 +106,36 @@ def _ledger_args(p: argparse.ArgumentParser) -> None:
         _common(m)
 
 
+def _keyring(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keyring", type=Path, metavar="DIR", help="the runners' public keys (default: "
+                   "$PIPELINE_KEYRING, else ROOT/keys/runners)")
+
+
+def _load_keyring(args: argparse.Namespace):
+    from pipeline import signing
+
+    return signing.load_keyring(args.keyring if args.keyring is not None else signing.keyring_dir(args.root))
+
+
 def ledger(args: argparse.Namespace) -> int:
     """The results ledger: append a merged PR's result, verify the chain, disqualify or clear a result."""
     from pipeline import ledger as lg
 
     try:
         if args.action == "verify":
-            records = lg.verify(args.root)
+            keyring = _load_keyring(args)
+            places: dict[int, str] = {}
+            records = lg.verify_shards(lg.read_shards(args.root), places=places)
+            by_key = lg.verify_evidence(args.root, records, keyring, allow_unofficial=args.allow_unofficial,
+                                        places=places)
             results = sum(1 for r in records if r["kind"] == "result")
             shards = len(lg.read_shards(args.root))
-            head = records[-1]["sha256"] if records else lg.GENESIS
+            signed = ", ".join(f"{n} by {kid} ({keyring.keys[kid].name})" for kid, n in sorted(by_key.items()))
+            unsigned = results - sum(by_key.values())
             print(f"ok: {len(records)} records ({results} results, {len(records) - results} markings) in {shards} "
-                  f"shard{'s' if shards != 1 else ''}; chain head {head}")
+                  f"shard{'s' if shards != 1 else ''}; every result's signed document in {lg.EVIDENCE_DIR.as_posix()}/ "
+                  f"verifies ({signed or 'none signed'}{f', {unsigned} unsigned unofficial' if unsigned else ''}); "
+                  f"chain head {lg.chain_head(records)}")
             return OK
         if args.action == "append":
             return _append(args)
@@ -127,6 +151,8 @@ def ledger(args: argparse.Namespace) -> int:
         return _error(REFUSED, str(exc))
     except lg.LedgerBroken as exc:
         return _error(REFUSED, f"the ledger does not verify: {exc}")
+    except SignatureError as exc:
+        return _error(USAGE, str(exc))
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -139,18 +165,21 @@ def _rel(path: Path, root: Path) -> str:
 def _append(args: argparse.Namespace) -> int:
     from pipeline import ledger as lg
 
+    from pipeline.signing import loads
+
     if not args.result.is_file():
         return _error(USAGE, f"{args.result}: no such file; pass the result.json the runner uploaded")
     accepted_at = format_instant(parse_instant(args.merged_at, "--merged-at"))
+    keyring = _load_keyring(args)
     raw = args.result.read_bytes()
     try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        doc = loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
         return _error(REFUSED, f"{args.result}: not JSON ({exc}); pass the result.json the runner uploaded")
     body = lg.result_record(doc, raw, pr=args.pr, login=args.login, head_sha=args.head_sha, accepted_at=accepted_at,
-                            allow_unofficial=args.allow_unofficial, source=str(args.result),
+                            allow_unofficial=args.allow_unofficial, source=str(args.result), keyring=keyring,
                             workloads={k: list(v[1]) for k, v in problem_workloads().items()})
-    record, path = lg.append(args.root, body)
+    record, path = lg.append(args.root, body, evidence=raw)
     print(f"appended PR #{record['pr']} (@{record['login']}, {record['track']}/{record['problem']}, "
           f"{record['score']['speedup']:.3f}x{'' if record['official'] else ', unofficial'}) as record seq "
           f"{record['seq']} to {_rel(path, args.root)}")

@@ -31,12 +31,13 @@ def _triton_interpreter_on_cpu(monkeypatch):
     yield
 
 
-# Ledger appends verify signatures with the runner's key; tests sign with a known test key. Set at
-# import, because some test modules build records while they are collected.
+# Ledger appends and post-result verify signatures against the runners' public keys; tests sign with a
+# known test key. Set at import, because some test modules build records while they are collected.
 import tempfile  # noqa: E402
 
-from ledger_factory import TEST_KEY  # noqa: E402
+from ledger_factory import write_keyring, write_private_key  # noqa: E402
 
-_KEY_FILE = Path(tempfile.mkdtemp(prefix="muse-test-key-")) / "result-signing.key"
-_KEY_FILE.write_bytes(TEST_KEY)
-os.environ["PIPELINE_RESULT_KEY_FILE"] = str(_KEY_FILE)
+_KEYS = Path(tempfile.mkdtemp(prefix="muse-test-keys-"))
+os.environ["PIPELINE_SIGNING_KEY_FILE"] = str(write_private_key(_KEYS / "signing.key"))
+os.environ["PIPELINE_KEYRING"] = str(write_keyring(_KEYS / "runners"))
+os.environ.pop("PIPELINE_RESULT_KEY_FILE", None)

@@ -13,8 +13,28 @@ from pipeline.ledger_cli import problem_workloads
 from pipeline import signing
 from pipeline.result import validate
 
-# The key tests sign official results with; tests/conftest.py points $PIPELINE_RESULT_KEY_FILE at it.
-TEST_KEY = b"test-only-result-signing-key-0123456789abcdef"
+# The key tests sign official results with (a fixed seed, so results are reproducible); tests/conftest.py
+# writes its private half to a mode-600 file named by $PIPELINE_SIGNING_KEY_FILE and its public half to
+# a keyring named by $PIPELINE_KEYRING.
+TEST_KEY = signing.SigningKey.from_seed(b"muse-test-only-signing-key-seed!")
+# A key no keyring knows: what a forger holds.
+FOREIGN_KEY = signing.SigningKey.from_seed(b"muse-test-only-foreign-key-seed!")
+
+
+def write_keyring(folder: Path, *keys: signing.SigningKey, status: str = "active") -> Path:
+    """A keyring folder holding these keys' public halves (retired/ or revoked/ for those statuses)."""
+    target = Path(folder) / ("" if status == "active" else status)
+    target.mkdir(parents=True, exist_ok=True)
+    for key in keys or (TEST_KEY,):
+        (target / f"runner-{key.key_id[8:16]}.pub").write_bytes(key.public_pem())
+    return Path(folder)
+
+
+def write_private_key(path: Path, key: signing.SigningKey = TEST_KEY) -> Path:
+    path = Path(path)
+    path.write_bytes(key.private_pem())
+    path.chmod(0o600)
+    return path
 
 WORKLOADS = {name: list(v[1]) for name, v in problem_workloads().items()}
 PROBLEMS = problem_workloads()
@@ -89,9 +109,9 @@ def result_doc(
     return signing.sign(doc, TEST_KEY) if official else doc
 
 
-def resign(doc: dict[str, Any]) -> dict[str, Any]:
+def resign(doc: dict[str, Any], key: signing.SigningKey = TEST_KEY) -> dict[str, Any]:
     """A result changed by a test, signed again as if the runner had produced it that way."""
-    return signing.sign(doc, TEST_KEY)
+    return signing.sign(doc, key)
 
 
 def raw(doc: dict[str, Any]) -> bytes:

@@ -27,12 +27,24 @@ def at(hours: float = 0, seconds: int = 0) -> str:
     return comp.format_instant(START + dt.timedelta(hours=hours, seconds=seconds))
 
 
+# each result body's signed document, by its result_sha256: what `put` keeps as its evidence
+EVIDENCE: dict[str, bytes] = {}
+
+
 def result(pr: int, login: str, speedup: float, when: str, *, rel: float = 0.001, status: str = "passed",
            official: bool = True, problem: str = "muse_bf16_proj", track: str = "kernel") -> dict:
     doc = result_doc(pr=pr, login=login, speedup=speedup, rel=rel, status=status, official=official,
                      problem=problem, track=track, flags=("below_floor",) if status == "needs_review" else ())
-    return lg.result_record(doc, raw(doc), pr=pr, login=login, head_sha=sha(f"head-{pr}"), accepted_at=when,
+    body = lg.result_record(doc, raw(doc), pr=pr, login=login, head_sha=sha(f"head-{pr}"), accepted_at=when,
                             allow_unofficial=True, workloads={k: list(v[1]) for k, v in PROBLEMS.items()})
+    EVIDENCE[body["result_sha256"]] = raw(doc)
+    return body
+
+
+def put(root: Path, body) -> dict:
+    """lg.append with the result's evidence."""
+    evidence = None if callable(body) or body["kind"] != "result" else EVIDENCE[body["result_sha256"]]
+    return lg.append(root, body, evidence=evidence)[0]
 
 
 def disqualify(records: list[dict], pr: int, when: str, kind: str = "disqualification") -> dict:
@@ -197,8 +209,8 @@ def test_cli_outputs_are_byte_identical_across_arrival_orders_and_reruns(tmp_pat
         root.mkdir()
         write_competition(root)
         for b in order:
-            lg.append(root, b)
-        lg.append(root, lambda records: disqualify(records, 7, at(20)))
+            put(root, b)
+        put(root, lambda records: disqualify(records, 7, at(20)))
         roots.append(root)
     assert (roots[0] / "results/ledger/2026-10.jsonl").read_bytes() != (roots[1] / "results/ledger/2026-10.jsonl").read_bytes()
     outputs = []
@@ -235,7 +247,7 @@ def test_cli_outputs_are_byte_identical_across_arrival_orders_and_reruns(tmp_pat
 
 def test_board_check_and_stale_plots(tmp_path, capsys, monkeypatch):
     write_competition(tmp_path)
-    lg.append(tmp_path, result(1, "ann", 1.5, at(2)))
+    put(tmp_path, result(1, "ann", 1.5, at(2)))
     args = ["--root", str(tmp_path), "--now", at(30)]
     assert main(["board", "--check", *args]) == 1
     assert main(["board", *args]) == 0 and main(["board", "--check", *args]) == 0
@@ -253,7 +265,7 @@ def test_board_check_and_stale_plots(tmp_path, capsys, monkeypatch):
     assert main(["board", "--check", *args]) == 1
     assert "leaderboard/muse_bf16_proj.png: not what the ledger gives" in capsys.readouterr().err
     assert main(["board", *args]) == 0 and png.is_file()
-    lg.append(tmp_path, lambda records: disqualify(records, 1, at(3)))
+    put(tmp_path, lambda records: disqualify(records, 1, at(3)))
     assert main(["board", "--check", *args]) == 1
     assert main(["board", *args]) == 0
     assert "removed leaderboard/muse_bf16_proj.png" in capsys.readouterr().out
@@ -297,14 +309,14 @@ def test_backfilled_snapshots_equal_snapshots_written_hour_by_hour(spec):
 
 def test_snapshots_command_backfills_and_refreshes_after_a_late_record(tmp_path, capsys):
     write_competition(tmp_path)
-    lg.append(tmp_path, result(1, "ann", 1.5, at(1.5)))
+    put(tmp_path, result(1, "ann", 1.5, at(1.5)))
     args = ["--root", str(tmp_path)]
     assert main(["snapshots", *args, "--now", at(5, 1800)]) == 0
     assert "5 snapshot hours up to 2026-10-22T05:30:00Z: wrote 5 missing, refreshed 0" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "results/snapshots/2026-10-22").iterdir()) == [
         f"{h:02d}.{x}" for h in range(1, 6) for x in ("json", "md")]
     # merged at 02:30, recorded at 06:10 by a delayed workflow: the 03:00-05:00 snapshots now read differently
-    lg.append(tmp_path, result(2, "bob", 2.0, at(2.5)))
+    put(tmp_path, result(2, "bob", 2.0, at(2.5)))
     assert main(["snapshots", *args, "--now", at(6, 600)]) == 0
     assert "wrote 1 missing, refreshed 3" in capsys.readouterr().out
     fresh = tmp_path / "fresh"
@@ -379,7 +391,7 @@ def test_the_open_window_is_provisional():
 
 def test_prizes_command(tmp_path, capsys):
     write_competition(tmp_path)
-    lg.append(tmp_path, result(1, "ann", 1.5, at(1)))
+    put(tmp_path, result(1, "ann", 1.5, at(1)))
     assert main(["prizes", "--root", str(tmp_path), "--now", at(30), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     row = next(r for r in data["windows"] if r["board"] == "kernel/muse_bf16_proj" and r["window"] == 1)
@@ -401,7 +413,7 @@ def test_would_be_rank_places_a_new_result_on_the_current_board(tmp_path):
     for i, (who, speed) in enumerate([("alice", 1.5), ("bob", 1.2)]):
         doc = result_doc(login=who, pr=i + 1, speedup=speed, rel=0.001)
         lg.append(tmp_path, lg.result_record(doc, raw(doc), pr=i + 1, login=who, head_sha=sha(f"head-{i + 1}"),
-                                             accepted_at="2026-10-22T10:00:00Z"))
+                                             accepted_at="2026-10-22T10:00:00Z"), evidence=raw(doc))
     records = lg.read(tmp_path)
     at = "2026-10-22T12:00:00Z"
     assert bd.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=1.3, rel=0.001), at) == "2 of 3"

@@ -12,7 +12,7 @@ import pytest
 from pipeline import signing
 from pipeline.__main__ import main
 from github_fake import FakeGitHub, blob_sha, fake_sha
-from ledger_factory import TEST_KEY, result_doc
+from ledger_factory import FOREIGN_KEY, TEST_KEY, resign, result_doc, write_keyring
 
 EVENTS = Path(__file__).resolve().parent / "fixtures" / "events"
 R = "/repos/muse-competition/pipeline"
@@ -281,10 +281,12 @@ def test_an_existing_file_is_replaced_not_written_through(fake, tmp_path):
 
 @pytest.fixture
 def key_file(tmp_path, monkeypatch):
-    path = tmp_path / "result.key"
-    path.write_bytes(TEST_KEY)
-    monkeypatch.setenv(signing.KEY_ENV, str(path))
-    return path
+    """The keyring post-result verifies against: the test runner's public key only (no private key is
+    anywhere near report.yml)."""
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    ring = write_keyring(tmp_path / "keyring", TEST_KEY)
+    monkeypatch.setenv(signing.KEYRING_ENV, str(ring))
+    return ring
 
 
 def write_result(tmp_path: Path, doc: dict) -> Path:
@@ -337,7 +339,9 @@ def test_each_status_maps_to_a_check_conclusion(fake, tmp_path, key_file, status
     (lambda d: d.update(signature=None), "not signed"),
     (lambda d: d["score"].update(speedup=9.0), "changed after signing"),
     (lambda d: d["submission"].update(pr=8), "changed after signing"),
-    (lambda d: d.update(signature={"alg": "hmac-sha256", "key_id": "0" * 16, "mac": "0" * 64}), "not this runner's"),
+    (lambda d: d.update(signature={"alg": "hmac-sha256", "key_id": "0" * 16, "mac": "0" * 64}), "not signed"),
+    (lambda d: d["signature"].update(alg="hmac-sha256"), "unknown signature"),
+    (lambda d: d.update(signature=resign({**d, "signature": None}, FOREIGN_KEY)["signature"]), "not a runner key"),
     (lambda d: d.update(status="great"), "does not match result.schema.json"),
 ])
 def test_a_tampered_or_unsigned_result_posts_nothing(fake, tmp_path, key_file, capsys, tamper, message):
@@ -374,10 +378,14 @@ def test_a_result_that_is_a_link_or_not_json_is_refused(fake, tmp_path, key_file
     assert fake.log == []
 
 
-def test_no_key_is_a_configuration_error(fake, tmp_path, monkeypatch):
-    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+def test_a_broken_keyring_is_a_configuration_error(fake, tmp_path, monkeypatch, capsys):
+    ring = tmp_path / "ring"
+    ring.mkdir()
+    (ring / "h200-a.pub").write_text("not a key\n")
+    monkeypatch.setenv(signing.KEYRING_ENV, str(ring))
     open_pr(fake)
     assert post(write_result(tmp_path, result_doc(login="bob", pr=7, head_sha=HEAD))) == 2
+    assert "h200-a.pub is not a PEM public key" in capsys.readouterr().err
     assert fake.log == []
 
 

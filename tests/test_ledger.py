@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ledger_factory import competition_toml, raw, resign, result_doc, sha, write_competition
+from ledger_factory import (FOREIGN_KEY, TEST_KEY, competition_toml, raw, resign, result_doc, sha, write_competition,
+                            write_keyring)
 from pipeline import competition as comp, ledger as lg
 from pipeline.__main__ import main
 
@@ -31,6 +32,12 @@ def append(root: Path, doc: dict, *, pr: int, login: str = "alice", merged_at: s
 def body(doc: dict, *, pr: int, login: str = "alice", at: str = "2026-10-22T10:00:00Z", head: str | None = None) -> dict:
     return lg.result_record(doc, raw(doc), pr=pr, login=login, head_sha=head or sha(f"head-{pr}"), accepted_at=at,
                             allow_unofficial=True)
+
+
+def put(root: Path, doc: dict, **kw) -> dict:
+    """Append a result's record with its evidence (the library call, as `ledger append` makes it)."""
+    record, _ = lg.append(root, body(doc, **kw), evidence=raw(doc))
+    return record
 
 
 def shard_lines(root: Path, name: str) -> list[dict]:
@@ -77,7 +84,7 @@ def test_records_in_any_arrival_order_are_all_kept(tmp_path_factory, order, minu
     root = tmp_path_factory.mktemp("ledger")
     for i in order:
         at = comp.format_instant(comp.parse_instant("2026-10-20T00:00:00Z") + comp.dt.timedelta(minutes=minutes[i]))
-        lg.append(root, body(result_doc(pr=i + 1, login=f"c{i}"), pr=i + 1, login=f"c{i}", at=at))
+        put(root, result_doc(pr=i + 1, login=f"c{i}"), pr=i + 1, login=f"c{i}", at=at)
     records = lg.verify(root)
     assert [r["pr"] for r in records] == [i + 1 for i in order], "seq is arrival order"
     for r in records:
@@ -91,8 +98,8 @@ REFUSALS = {
     "not timed": (lambda: resign({**result_doc(), "score": None, "performance": []}), {}, (), "no score"),
     "tampered after signing": (lambda: {**result_doc(), "status": "needs_review"}, {}, (), "changed after signing"),
     "unsigned official result": (lambda: {**result_doc(), "signature": None}, {}, ("--allow-unofficial",), "not signed"),
-    "signed with another key": (lambda: __import__("pipeline.signing").signing.sign(
-        {**result_doc(), "signature": None}, b"z" * 48), {}, (), "not this runner's key"),
+    "signed with another key": (lambda: resign({**result_doc(), "signature": None}, FOREIGN_KEY), {}, (),
+                                "which is not a runner key"),
     "evaluated head differs": (lambda: result_doc(), {"head": sha("other")}, (), "merged head must be the evaluated"),
     "evaluated PR differs": (lambda: result_doc(pr=2), {}, (), "evaluated for pr 2"),
     "another competitor's result": (lambda: result_doc(login="mallory"), {}, (), "belongs to 'mallory'"),
@@ -127,7 +134,9 @@ def test_append_refuses_a_duplicate(tmp_path, capsys):
     assert append(tmp_path, local, pr=5) == 0
     assert append(tmp_path, local, pr=6, head=sha("x")) == 1
     assert "already recorded for PR #5" in capsys.readouterr().err
-    assert len(lg.verify(tmp_path)) == 2
+    assert len(lg.verify(tmp_path, allow_unofficial=True)) == 2
+    with pytest.raises(lg.LedgerBroken, match=r"record seq 1, PR #5\): its result .* is not signed"):
+        lg.verify(tmp_path)
 
 
 def test_append_usage_errors(tmp_path, capsys):
@@ -335,6 +344,143 @@ def test_verify_from_the_command_line(tmp_path, capsys):
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 1
     assert "results/ledger/2026-10.jsonl line 1 (record seq 0): its sha256 does not match" in proc.stderr
+
+
+# ---- evidence: every result record against its signed document ----
+
+def _reseal_from(root: Path, seq: int, edit) -> None:
+    """What an attacker with write access does: edit record `seq`, then re-seal it and every record after
+    it, so that the chain alone verifies again."""
+    shard_dir = root / "results" / "ledger"
+    shards = {p.name: p.read_bytes() for p in shard_dir.iterdir()}
+    records = lg.parse_shards(shards)
+    edit(records[seq])
+    prev = records[seq - 1]["sha256"] if seq else lg.GENESIS
+    for r in records[seq:]:
+        sealed = lg.seal(r, r["seq"], prev)
+        r.clear()
+        r.update(sealed)
+        prev = r["sha256"]
+    lines: dict[str, list[str]] = {name: [] for name in shards}
+    for r in records:
+        lines[lg.shard_name(lg.record_time(r))].append(lg.canonical(r))
+    for name, ls in lines.items():
+        (shard_dir / name).write_text("".join(x + "\n" for x in ls))
+    lg.verify_shards(lg.read_shards(root))  # the chain alone is fooled
+
+
+@pytest.fixture
+def three(tmp_path):
+    for i, who in enumerate(("alice", "bob", "carol")):
+        put(tmp_path, result_doc(pr=i + 1, login=who, speedup=1.2 + i / 10), pr=i + 1, login=who,
+            at=f"2026-10-22T1{i}:00:00Z")
+    assert len(lg.verify(tmp_path)) == 3
+    return tmp_path
+
+
+def test_append_keeps_the_signed_document_beside_the_ledger(three):
+    for r in lg.verify(three):
+        path = three / "results" / "evidence" / f"{r['result_sha256']}.json"
+        assert __import__("hashlib").sha256(path.read_bytes()).hexdigest() == r["result_sha256"]
+    with pytest.raises(lg.LedgerRefusal, match="with its signed result document"):
+        lg.append(three, body(result_doc(pr=9), pr=9))
+    with pytest.raises(lg.LedgerRefusal, match="does not hash to the record's result_sha256"):
+        lg.append(three, body(result_doc(pr=9), pr=9), evidence=b"{}")
+
+
+# every field of a result record that its signed document decides (accepted_at comes from GitHub)
+SIGNED_FIELDS = {
+    "score": lambda r: r["score"].update(speedup=r["score"]["speedup"] * 1.5),
+    "workloads": lambda r: r["workloads"][0].update(median_us=r["workloads"][0]["median_us"] / 2),
+    "status": lambda r: r.update(status="passed" if r["status"] != "passed" else "needs_review"),
+    "login": lambda r: r.update(login="mallory"),
+    "pr": lambda r: r.update(pr=99),
+    "head_sha": lambda r: r.update(head_sha=sha("elsewhere")),
+    "problem": lambda r: r.update(problem="muse_moe_w4a16"),
+    "track": lambda r: r.update(track="serving"),
+    "blob_sha": lambda r: r.update(blob_sha=sha("another blob")),
+    "path": lambda r: r.update(path="submissions/kernel/muse_bf16_proj/mallory/submission.py"),
+    "flags": lambda r: r.update(flags=["below_floor"]),
+    "environment": lambda r: r["environment"].update(gpu="NVIDIA B200"),
+    "mode": lambda r: r["mode"].update(seeds="public"),
+    "official": lambda r: r.update(official=False),
+    "evaluated_at": lambda r: r.update(evaluated_at="2026-10-22T08:00:00.000Z"),
+    "result_schema_version": lambda r: r.update(result_schema_version=2),
+    "signature": lambda r: r["signature"].update(key_id="ed25519:" + "0" * 32),
+    "result_sha256": lambda r: r.update(result_sha256="ab" * 32),
+}
+
+
+@pytest.mark.parametrize("field", list(SIGNED_FIELDS))
+def test_a_record_edited_and_resealed_fails_verify_naming_it(three, field):
+    _reseal_from(three, 1, SIGNED_FIELDS[field])
+    with pytest.raises(lg.LedgerBroken) as exc:
+        lg.verify(three)
+    message = str(exc.value)
+    assert "results/ledger/2026-10.jsonl line 2 (record seq 1, PR #" in message, message
+    if field == "result_sha256":
+        assert "is missing" in message
+    elif field not in ("login", "pr", "head_sha"):
+        assert f"{field} differ" in message or f", {field}" in message, message
+
+
+def test_the_evidence_itself_is_checked(three):
+    records = lg.verify(three)
+    path = three / "results" / "evidence" / f"{records[2]['result_sha256']}.json"
+    original = path.read_bytes()
+    path.write_bytes(original.replace(b'"passed"', b'"needs_review"', 1))
+    with pytest.raises(lg.LedgerBroken, match=r"record seq 2, PR #3\): .* does not hash to the record's result_sha256"):
+        lg.verify(three)
+    path.unlink()
+    with pytest.raises(lg.LedgerBroken, match=r"record seq 2, PR #3\): its signed result .* is missing"):
+        lg.verify(three)
+    path.symlink_to(three / "elsewhere.json")
+    (three / "elsewhere.json").write_bytes(original)
+    with pytest.raises(lg.LedgerBroken, match="cannot be read"):
+        lg.verify(three)
+    path.unlink()
+    path.write_bytes(original)
+    assert len(lg.verify(three)) == 3
+
+
+def test_verify_from_the_command_line_rechecks_the_evidence(three, capsys):
+    assert main(["ledger", "verify", "--root", str(three)]) == 0
+    out = capsys.readouterr().out
+    assert f"3 by {TEST_KEY.key_id}" in out and "chain head " + lg.verify(three)[-1]["sha256"] in out
+    _reseal_from(three, 0, SIGNED_FIELDS["score"])
+    assert main(["ledger", "verify", "--root", str(three)]) == 1
+    assert "(record seq 0, PR #1): score differs from its signed result" in capsys.readouterr().err
+
+
+def test_rotated_and_revoked_keys(three, tmp_path_factory, capsys):
+    """A retired key still verifies what the ledger holds but signs nothing new; a revoked key verifies
+    nothing until each of its results is disqualified."""
+    ring = tmp_path_factory.mktemp("ring")
+    write_keyring(ring, FOREIGN_KEY)
+    write_keyring(ring, TEST_KEY, status="retired")
+    assert len(lg.verify(three, keyring=__import__("pipeline.signing").signing.load_keyring(ring))) == 3
+    path = three / "r.json"
+    path.write_bytes(raw(result_doc(pr=4, login="dan")))
+    argv = ["ledger", "append", str(path), "--pr", "4", "--login", "dan", "--head-sha", sha("head-4"),
+            "--merged-at", "2026-10-22T13:00:00Z", "--root", str(three), "--keyring", str(ring)]
+    assert main(argv) == 1
+    assert "which is retired" in capsys.readouterr().err
+    path.write_bytes(raw(resign({**result_doc(pr=4, login="dan"), "signature": None}, FOREIGN_KEY)))
+    assert main(argv) == 0
+    revoked = tmp_path_factory.mktemp("revoked")
+    write_keyring(revoked, FOREIGN_KEY)
+    write_keyring(revoked, TEST_KEY, status="revoked")
+    assert main(["ledger", "verify", "--root", str(three), "--keyring", str(revoked)]) == 1
+    assert "(record seq 0, PR #1): signed with a revoked key" in capsys.readouterr().err
+    for pr in (1, 2, 3):
+        assert main(["ledger", "disqualify", "--pr", str(pr), "--reason", "signed with a revoked key",
+                     "--by", "organizer", "--at", "2026-10-23T00:00:00Z", "--root", str(three)]) == 0
+    assert main(["ledger", "verify", "--root", str(three), "--keyring", str(revoked)]) == 0
+    both = tmp_path_factory.mktemp("both")
+    write_keyring(both, TEST_KEY)
+    write_keyring(both, TEST_KEY, status="retired")
+    assert main(["ledger", "verify", "--root", str(three), "--keyring", str(both)]) == 2
+    assert "the same key" in capsys.readouterr().err
 
 
 # ---- competition.toml ----

@@ -48,7 +48,6 @@ SPEC = {
         "events": {"workflow_run": ["completed"]},
         "permissions": {"actions": "read", "checks": "write", "pull-requests": "write"},
         "runs_on": "ubuntu-24.04",
-        "environment": "report",
     },
     "ledger.yml": {
         "events": {"pull_request_target": ["closed"], "workflow_dispatch": None},
