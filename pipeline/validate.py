@@ -4,9 +4,13 @@ Static only: nothing here executes, imports or evaluates a submission. The rules
 (github-flow.md, "PR validation rules"); each violation names the file and the rule, and all of them
 are listed at once so that a competitor fixes their PR in one round.
 
+A path is compared exactly as git spells it: nothing is stripped or folded, so `submission.py ` (a
+trailing space or NBSP) is not `submission.py`, and a folder's login matches its author's only in ASCII
+(case-insensitively, as GitHub compares logins), spelled one way throughout the PR.
+
 The changes come from one of two places, both turned into the same `Change` records:
-- a unified diff (`git diff --full-index main...HEAD`, parsed with unidiff), optionally with a
-  checkout of the PR's head to measure whole files (`changes_from_diff`);
+- a unified diff (`git diff --full-index main...HEAD`, read as git writes it: `read_diff`), optionally
+  with a checkout of the PR's head to measure whole files (`changes_from_diff`);
 - the GitHub API (the PR's file list, the head commit's tree for modes, the blobs for content), which
   is what the privileged gate trusts (`changes_from_pull`; every call is in `pipeline.github`).
 """
@@ -17,6 +21,7 @@ import datetime as dt
 import os
 import re
 import stat
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -50,7 +55,8 @@ REGULAR = "100644"
 MODES = {"100755": "an executable file", "120000": "a symbolic link", "160000": "a submodule", "040000": "a directory"}
 # GitHub's rule for logins: alphanumerics and single inner hyphens, at most 39 characters
 LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}$")
-_SEGMENT_BAD = re.compile(r"[\x00-\x1f\x7f\\]")
+_SEGMENT_BAD = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+_NOT_UTF8 = re.compile(r"[\ud800-\udfff]")  # a byte that is not UTF-8, kept as a lone surrogate
 MAX_LISTED = 100  # violations shown in the PR comment; the JSON verdict keeps every one
 
 
@@ -60,7 +66,7 @@ class Change:
 
     path: str
     status: str  # added | modified | removed | renamed (| unlisted: files the API would not list)
-    previous_path: str | None = None
+    previous_path: str | None = None  # a rename's old path: the rename deletes it
     old_mode: str | None = None
     new_mode: str | None = None
     binary: bool = False  # binary, not UTF-8, or holding a NUL byte
@@ -68,6 +74,9 @@ class Change:
     size_at_least: int = 0  # a lower bound when only a diff's hunks are known
     blob_sha: str | None = None  # git's SHA of the new content, when known
     missing: bool = False  # listed by the PR but absent from its head commit's tree
+    copied_from: str | None = None  # a copy's source (status "added"): read, never changed
+    header_problem: str | None = None  # how a diff's header names for this file disagree
+    header_names: tuple[str, ...] = ()  # the other names that header carries: each is checked as touched
 
 
 @dataclass(frozen=True)
@@ -148,7 +157,25 @@ def _segments_problem(path: str) -> str | None:
         return "a path with an empty or `.` segment"
     if _SEGMENT_BAD.search(path):
         return "a path with a backslash or a control character"
+    if _NOT_UTF8.search(path):
+        return "a path that is not UTF-8"
     return None
+
+
+def _same_login(folder: str, author: str) -> bool:
+    """GitHub logins are ASCII and compared without case; no other folding (a KELVIN SIGN lowercases
+    to `k`, but `\u212aate/` is not kate's folder)."""
+    return folder.isascii() and folder.lower() == author.lower()
+
+
+def _easy_to_miss(text: str) -> str:
+    """The characters of a name a reader would not see or would take for others, named; "" if none."""
+    odd = dict.fromkeys(c for c in text if c.isspace() or not c.isprintable() or not c.isascii())
+    if not odd:
+        return ""
+    names = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'an unnamed character')}" for c in odd)
+    where = " at its end" if len(odd) == 1 and text.endswith(tuple(odd)) else ""
+    return f" (it holds {names}{where}, easy to miss)"
 
 
 def _classify(path: str) -> tuple[str, dict[str, str]]:
@@ -196,7 +223,6 @@ def check(changes: Iterable[Change], author: str, *, problems: Iterable[str], co
     problems = set(problems)
     verdict = Verdict(author=author, files=[c.path for c in changes])
     add = verdict.violations.append
-    me = author.lower()
     if not changes:
         add(Violation("", "empty", "the pull request changes no files; add "
                       f"{_folder_hint('kernel', '', author)}submission.py (or submissions/serving/{author}/patch.diff)"))
@@ -210,10 +236,17 @@ def check(changes: Iterable[Change], author: str, *, problems: Iterable[str], co
             add(Violation("", "too-many-files", f"the pull request changes {c.size:,} files and GitHub lists only "
                           f"the first 3,000; the rest cannot be checked: a submission is one or two files"))
             continue
+        if c.header_problem:
+            add(Violation(c.path, "diff-header", c.header_problem))
         gone = [c.previous_path] if c.status == "renamed" and c.previous_path else []
         for old in gone:  # a rename moves a file away from where it was: a deletion there
-            _check_path(Change(old, "removed"), author, me, problems, targets, add)
-        _check_path(c, author, me, problems, targets, add)
+            _check_path(Change(old, "removed"), author, problems, targets, add)
+        if c.copied_from is not None and _segments_problem(c.copied_from):
+            add(Violation(c.copied_from, "unsafe-path", f"{_segments_problem(c.copied_from)} (the source of a copy to "
+                          f"{c.path}): git writes no such name"))
+        for other in c.header_names:  # a lying header: every name it carries is a file the PR may touch
+            _check_path(Change(other, "modified"), author, problems, targets, add)
+        _check_path(c, author, problems, targets, add)
 
     if len(targets) > 1:
         names = ", ".join(f"kernel/{p}" if t == "kernel" else "serving" for t, p in sorted(targets))
@@ -221,6 +254,13 @@ def check(changes: Iterable[Change], author: str, *, problems: Iterable[str], co
                       f"a pull request holds one submission; this one touches {names}: open one pull request each"))
     elif len(targets) == 1:
         (track, problem), facts = next(iter(targets.items()))
+        spellings = facts["spellings"]
+        if len(spellings) > 1:
+            add(Violation(list(spellings)[1], "folder-spelling",
+                          f"your folder is spelled {len(spellings)} ways in this pull request "
+                          f"({', '.join(f + '/' for f in spellings)}); git and GitHub keep them as different "
+                          f"folders, and a competitor has one: put every file under "
+                          f"{_folder_hint(track, problem, author)}"))
         main = facts.get("main")
         expected = f"{facts['folder']}/{SUBMISSION_FILE[track]}"
         if main is None:
@@ -248,7 +288,7 @@ def check(changes: Iterable[Change], author: str, *, problems: Iterable[str], co
     return verdict
 
 
-def _check_path(c: Change, author: str, me: str, problems: set[str], targets: dict, add) -> None:
+def _check_path(c: Change, author: str, problems: set[str], targets: dict, add) -> None:
     path = c.path
     why = _segments_problem(path)
     if why:
@@ -256,20 +296,21 @@ def _check_path(c: Change, author: str, me: str, problems: set[str], targets: di
         return
     kind, info = _classify(path)
     owner = _owner_of(path)
-    if owner is not None and owner.lower() != me:
+    if owner is not None and not _same_login(owner, author):
         if c.status == "removed":
             add(Violation(path, "deletes-others-file",
-                          f"deletes a file of @{owner}: a pull request may delete only its author's files"))
+                          f"deletes a file of @{owner}{_easy_to_miss(owner)}: a pull request may delete only its "
+                          "author's files"))
         elif c.status == "added":
             track = path.split("/")[1]
             problem = path.split("/")[2] if track == "kernel" else ""
             add(Violation(path, "login-mismatch",
-                          f"the folder's login {owner!r} is not the pull request author's (@{author}); "
-                          f"put your files under {_folder_hint(track, problem, author)}"))
+                          f"the folder's login {owner!r}{_easy_to_miss(owner)} is not the pull request author's "
+                          f"(@{author}); put your files under {_folder_hint(track, problem, author)}"))
         else:
             add(Violation(path, "others-folder",
-                          f"changes a file in @{owner}'s folder: a pull request may change only its author's "
-                          "folder"))
+                          f"changes a file in @{owner}'s folder{_easy_to_miss(owner)}: a pull request may change only "
+                          "its author's folder"))
         return
     if kind == "protected":
         add(Violation(path, "protected-path", f"only organizers change {info['what']} ({path.split('/')[0]}); "
@@ -295,15 +336,16 @@ def _check_path(c: Change, author: str, me: str, problems: set[str], targets: di
         add(Violation(path, "unknown-problem", f"{problem!r} is not a problem of this competition; the problems "
                       f"are: {known}"))
         return
-    facts = targets.setdefault((track, problem), {"folder": info["folder"], "login": info["login"]})
+    facts = targets.setdefault((track, problem), {"folder": info["folder"], "login": info["login"], "spellings": {}})
+    facts["spellings"].setdefault(info["folder"], path)
     if c.status == "removed":
         if name == SUBMISSION_FILE[track]:
             facts["main"] = c
         return  # deleting one's own README is fine
     allowed = ALLOWED_FILES[track]
     if name not in allowed:
-        add(Violation(path, "file-name", f"{name!r} is not allowed here; your folder may hold only "
-                      f"{' and '.join(sorted(allowed))}"))
+        add(Violation(path, "file-name", f"{name!r} is not allowed here{_easy_to_miss(name)}; your folder may "
+                      f"hold only {' and '.join(sorted(allowed))}, spelled exactly so"))
         return
     if name == SUBMISSION_FILE[track]:
         facts["main"] = c
@@ -354,103 +396,372 @@ def rate_window_start(now: dt.datetime | None = None) -> dt.datetime:
 
 
 # ---- changes from a unified diff ----
+#
+# Read as git writes it (diff.c, `git diff --full-index`): a `diff --git a/<old> b/<new>` line, the
+# extended header (modes, `index`, `similarity index`, `rename from/to`, `copy from/to`), then `---`/
+# `+++` and hunks, or `Binary files ... differ`, or a `GIT binary patch`. A name is exactly its bytes:
+# C-quoted (`"b/sub\302\240mission.py"`) where git must quote it, else the raw text of the line, which
+# ends a `---`/`+++` name at a TAB (git appends one after a name holding a space). Nothing is stripped,
+# so `submission.py ` stays the name git gave it. Every name a header carries is read, and a header
+# whose names disagree is refused (`diff-header`) with each of its names checked as a file the PR
+# touches: a hand-written diff cannot show the rules one name while naming another.
 
 _QUOTED_ESCAPES = {"a": "\a", "b": "\b", "t": "\t", "n": "\n", "v": "\v", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
+_HEADER_KEYWORDS = ("old mode", "new mode", "deleted file mode", "new file mode", "copy from", "copy to",
+                    "rename from", "rename to", "similarity index", "dissimilarity index", "index")
+_HEADER_LIKE = re.compile(r"^(old|new|deleted|copy|rename|similarity|dissimilarity|index)\b")
+_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+REGENERATE = "regenerate it with `git diff --full-index main...HEAD`"
+
+
+class _BadQuote(ValueError):
+    """A C-quoted name that git would not write."""
+
+
+def _unquote_prefix(s: str) -> tuple[str, str]:
+    """The C-quoted name that `s` starts with, and the text after its closing quote."""
+    out: list[str] = []
+    raw = bytearray()
+
+    def flush() -> None:
+        if raw:
+            out.append(raw.decode("utf-8", "surrogateescape"))  # the exact bytes, even when not UTF-8
+            raw.clear()
+
+    i = 1
+    while i < len(s):
+        ch = s[i]
+        if ch == '"':
+            flush()
+            return "".join(out), s[i + 1:]
+        if ch == "\\":
+            octal = s[i + 1:i + 4]
+            if re.fullmatch(r"[0-3][0-7]{2}", octal):
+                raw.append(int(octal, 8))
+                i += 4
+                continue
+            nxt = s[i + 1:i + 2]
+            if nxt not in _QUOTED_ESCAPES:
+                raise _BadQuote(f"an escape git never writes (\\{nxt})")
+            flush()
+            out.append(_QUOTED_ESCAPES[nxt])
+            i += 2
+            continue
+        flush()
+        out.append(ch)
+        i += 1
+    raise _BadQuote("a quoted name without its closing quote")
 
 
 def _unquote(name: str) -> str:
     """git's C-style quoting of unusual file names ("b/we\\tird\\303\\274.py") -> the name."""
-    if not (len(name) >= 2 and name[0] == '"' and name[-1] == '"'):
+    if len(name) >= 2 and name.startswith('"'):
+        try:
+            unquoted, rest = _unquote_prefix(name)
+        except _BadQuote:
+            return name
+        if not rest:
+            return unquoted
+    return name
+
+
+def _header_name(value: str, *, tab_ends: bool) -> str:
+    """One name as a header line spells it: C-quoted, or the raw text (up to a TAB on `---`/`+++`)."""
+    if value.startswith('"'):
+        name, rest = _unquote_prefix(value)
+        if rest and not (tab_ends and rest.startswith("\t")):
+            raise _BadQuote(f"text after the quoted name ({rest[:20]!r})")
         return name
-    out, raw, i, body = [], bytearray(), 0, name[1:-1]
-    while i < len(body):
-        ch = body[i]
-        if ch == "\\" and i + 1 < len(body):
-            nxt = body[i + 1]
-            if re.match(r"[0-7]{3}", body[i + 1:i + 4]):
-                raw.append(int(body[i + 1:i + 4], 8))
-                i += 4
+    return value.split("\t", 1)[0] if tab_ends else value
+
+
+def _git_line_pairs(rest: str) -> list[tuple[str, str]]:
+    """Every way to read `a/<old> b/<new>` off a `diff --git` line (a name may hold spaces)."""
+    splits: list[tuple[str, str]] = []
+    if rest.startswith('"'):
+        try:
+            a, tail = _unquote_prefix(rest)
+        except _BadQuote:
+            return []
+        if tail.startswith(" "):
+            splits.append((a, tail[1:]))
+    else:
+        splits = [(rest[:m.start()], rest[m.start() + 1:]) for m in re.finditer(" ", rest)]
+    pairs = []
+    for a, b in splits:
+        if b.startswith('"'):
+            try:
+                b = _header_name(b, tab_ends=False)
+            except _BadQuote:
                 continue
-            if raw:
-                out.append(raw.decode("utf-8", "replace"))
-                raw = bytearray()
-            out.append(_QUOTED_ESCAPES.get(nxt, nxt))
-            i += 2
+        if a.startswith("a/") and b.startswith("b/"):
+            pairs.append((a[2:], b[2:]))
+    return pairs
+
+
+@dataclass
+class _Section:
+    """One file's part of a diff, as read, before its names are judged."""
+
+    line: int  # where it starts, 1-based
+    git: str | None  # the `diff --git ` line's names; None for a plain unified diff (`---`/`+++` only)
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    minus: str | None = None
+    plus: str | None = None
+    binary_line: str | None = None
+    binary: bool = False
+    literal_size: int | None = None
+    added: bytearray = field(default_factory=bytearray)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DiffFile:
+    """A file of a diff: its change, and the bytes its hunks add (the whole content of a new file)."""
+
+    change: Change
+    added: bytes
+
+
+def read_diff(text: str) -> list[DiffFile]:
+    """Every file a unified diff touches (git's, or a plain `---`/`+++` one). Raises DiffError when the
+    diff cannot be read at all (a hunk outside any file, a hunk shorter than its header says)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    sections: list[_Section] = []
+    i, n = 0, len(lines)
+    while i < n:
+        line = lines[i]
+        if line.startswith("diff --git "):
+            sec = _Section(line=i + 1, git=line[len("diff --git "):])
+            sections.append(sec)
+            i += 1
+            while i < n:
+                kw = next((k for k in _HEADER_KEYWORDS if lines[i].startswith(k + " ")), None)
+                if kw is None and _HEADER_LIKE.match(lines[i]):
+                    sec.problems.append(f"line {i + 1} ({printable(lines[i][:60])}) is no header line git writes")
+                elif kw is None:
+                    break
+                else:
+                    sec.headers.append((kw, lines[i][len(kw) + 1:]))
+                i += 1
+            if i < n and lines[i].startswith("Binary files "):
+                sec.binary, sec.binary_line = True, lines[i]
+                i += 1
+            elif i < n and lines[i] == "GIT binary patch":
+                sec.binary = True
+                i += 1
+                while i < n and not lines[i].startswith("diff --git "):
+                    literal = re.fullmatch(r"literal (\d+)", lines[i])
+                    if literal and sec.literal_size is None:
+                        sec.literal_size = int(literal[1])  # the first block is the new content
+                    i += 1
+            elif i < n and lines[i].startswith("--- "):
+                if i + 1 >= n or not lines[i + 1].startswith("+++ "):
+                    raise DiffError(f"line {i + 1}: a `---` line without its `+++` line; {REGENERATE}")
+                sec.minus, sec.plus = lines[i][4:], lines[i + 1][4:]
+                i = _read_hunks(lines, i + 2, sec)
             continue
-        if raw:
-            out.append(raw.decode("utf-8", "replace"))
-            raw = bytearray()
-        out.append(ch)
+        if line.startswith("--- ") and i + 1 < n and lines[i + 1].startswith("+++ "):
+            sec = _Section(line=i + 1, git=None, minus=line[4:], plus=lines[i + 1][4:])
+            sections.append(sec)
+            i = _read_hunks(lines, i + 2, sec)
+            continue
+        if line.startswith("@@ "):
+            raise DiffError(f"line {i + 1}: a hunk outside any file (no `diff --git` or `---`/`+++` before it); "
+                            f"{REGENERATE}")
+        if line.startswith(("diff --cc ", "diff --combined ")):
+            raise DiffError(f"line {i + 1}: a combined diff of a merge; {REGENERATE}")
+        i += 1  # text between files: a patch's message and diffstat, its signature
+    if not sections and text.strip():
+        raise DiffError(f"no file in it (no `diff --git` or `---`/`+++` line); {REGENERATE}")
+    return [_resolve(sec) for sec in sections]
+
+
+def _read_hunks(lines: list[str], i: int, sec: _Section) -> int:
+    n = len(lines)
+    while i < n and lines[i].startswith("@@"):
+        m = _HUNK_HEADER.match(lines[i])
+        if not m:
+            raise DiffError(f"line {i + 1}: a hunk header git never writes ({printable(lines[i][:60])}); {REGENERATE}")
+        start = i + 1
+        old = int(m[2]) if m[2] is not None else 1
+        new = int(m[4]) if m[4] is not None else 1
+        last = None
         i += 1
-    if raw:
-        out.append(raw.decode("utf-8", "replace"))
-    return "".join(out)
+        while old > 0 or new > 0 or (i < n and lines[i].startswith("\\")):
+            if i >= n:
+                raise DiffError(f"the hunk at line {start} ends before its header says; {REGENERATE}")
+            line, kind = lines[i], lines[i][:1]
+            if kind == "\\":  # "\ No newline at end of file": the line before it has no newline
+                if last == "+" and sec.added.endswith(b"\n"):
+                    del sec.added[-1:]
+            elif kind in (" ", ""):
+                old, new = old - 1, new - 1
+            elif kind == "-":
+                old -= 1
+            elif kind == "+":
+                new -= 1
+                sec.added += line[1:].encode("utf-8", "surrogateescape") + b"\n"
+            else:
+                raise DiffError(f"line {i + 1}: the hunk at line {start} ends before its header says; {REGENERATE}")
+            if old < 0 or new < 0:
+                raise DiffError(f"line {i + 1}: the hunk at line {start} is longer than its header says; {REGENERATE}")
+            last = kind
+            i += 1
+    return i
 
 
-def _diff_path(name: str | None, prefix: str) -> str | None:
-    if name is None:
-        return None
-    name = _unquote(name.strip())
-    if name == "/dev/null":
-        return None
-    return name[len(prefix):] if name.startswith(prefix) else name
+def _resolve(sec: _Section) -> DiffFile:
+    """The change a section makes, from names that must all agree; where they do not, `header_problem`
+    says how, and every other name lands in `header_names`."""
+    problems = list(sec.problems)
+    values: dict[str, list[str]] = {}
+    for kw, value in sec.headers:
+        values.setdefault(kw, []).append(value)
+    for kw, vs in values.items():
+        if len(vs) > 1:
+            problems.append(f"`{kw}` appears {len(vs)} times")
+
+    def named(kw: str) -> str | None:
+        if kw not in values:
+            return None
+        try:
+            return _header_name(values[kw][0], tab_ends=False)
+        except _BadQuote as exc:
+            problems.append(f"`{kw}` holds {exc}")
+            return values[kw][0]
+
+    def side(raw: str | None, prefix: str, what: str) -> str | None:
+        if raw is None:
+            return None
+        try:
+            name = _header_name(raw, tab_ends=True)
+        except _BadQuote as exc:
+            problems.append(f"`{what}` holds {exc}")
+            name = raw
+        if name == "/dev/null":
+            return name
+        if name.startswith(prefix):
+            return name[len(prefix):]
+        if sec.git is not None:
+            problems.append(f"`{what}` names {printable(name)}, not {prefix}<path>")
+        return name
+
+    rename_from, rename_to = named("rename from"), named("rename to")
+    copy_from, copy_to = named("copy from"), named("copy to")
+    new_file, deleted = "new file mode" in values, "deleted file mode" in values
+    minus, plus = side(sec.minus, "a/", "---"), side(sec.plus, "b/", "+++")
+    renamed = rename_from is not None or rename_to is not None
+    copied = copy_from is not None or copy_to is not None
+    if renamed and copied:
+        problems.append("it declares both a copy and a rename of one file")
+    for (a, b), what in (((rename_from, rename_to), "rename"), ((copy_from, copy_to), "copy")):
+        if (a is None) != (b is None):
+            problems.append(f"`{what} {'from' if a is None else 'to'}` is missing")
+    if (renamed or copied) and (new_file or deleted):
+        problems.append(f"it declares a {'new' if new_file else 'deleted'} file that is also a "
+                        f"{'rename' if renamed else 'copy'}")
+    if new_file and deleted:
+        problems.append("it declares the file both new and deleted")
+    pairs = _git_line_pairs(sec.git) if sec.git is not None else []
+    if sec.git is not None and not pairs:
+        problems.append("its `diff --git` line has no `a/<path> b/<path>` git would write")
+
+    # the names: from the most specific lines, then checked against every other line
+    if renamed or copied:
+        before = rename_from or copy_from or rename_to or copy_to or ""
+        after = rename_to or copy_to or before
+    elif minus is not None or plus is not None:
+        before = minus if minus not in (None, "/dev/null") else (plus if plus not in (None, "/dev/null") else "")
+        after = plus if plus not in (None, "/dev/null") else before
+    else:
+        same = [(a, b) for a, b in pairs if a == b]
+        before, after = same[0] if len(same) == 1 else (pairs[0] if pairs else ("", ""))
+        if len(same) > 1:
+            problems.append("its `diff --git` line can be read as more than one file")
+    if sec.git is not None:
+        new_file = new_file or (minus == "/dev/null" and not (renamed or copied))
+        if minus == "/dev/null" and "new file mode" not in values:
+            problems.append("`--- /dev/null` says the file is new, but there is no `new file mode` line")
+        if plus == "/dev/null" and "deleted file mode" not in values:
+            problems.append("`+++ /dev/null` says the file is deleted, but there is no `deleted file mode` line")
+        deleted = deleted or plus == "/dev/null"
+    else:
+        new_file, deleted = minus == "/dev/null", plus == "/dev/null"
+
+    disagree = bool(pairs) and (before, after) not in pairs
+    disagree |= minus not in (None, "/dev/null") and minus != before
+    disagree |= plus not in (None, "/dev/null") and plus != after
+    disagree |= before != after and not (renamed or copied)
+    if sec.binary_line is not None:
+        want = ("/dev/null" if new_file else f"a/{before}", "/dev/null" if deleted else f"b/{after}")
+        body = sec.binary_line[len("Binary files "):]
+        body = body[:-len(" differ")] if body.endswith(" differ") else body
+        spans = [(body[:m.start()], body[m.end():]) for m in re.finditer(" and ", body)]
+        disagree |= not any((_unquote(x), _unquote(y)) == want for x, y in spans)
+    if disagree:
+        said = []
+        if sec.git is not None:
+            said.append(f"`diff --git` names {printable(sec.git)}")
+        for kw in ("rename from", "rename to", "copy from", "copy to"):
+            if kw in values:
+                said.append(f"`{kw}` names {printable(values[kw][0])}")
+        for what, raw in (("---", sec.minus), ("+++", sec.plus), ("Binary files", sec.binary_line)):
+            if raw is not None:
+                said.append(f"`{what}` names {printable(raw.split(chr(9))[0] if what != 'Binary files' else raw)}")
+        if sec.git is None and before != after:
+            problems.insert(0, f"`---` and `+++` name different files ({printable(before)}, {printable(after)}), "
+                            "and a diff without `rename from`/`rename to` cannot move a file")
+        else:
+            problems.insert(0, "the names in this file's diff header disagree: " + "; ".join(said))
+
+    if renamed:
+        status, path, previous, copied_from = "renamed", after, before, None
+        if before == after:
+            problems.append("it renames the file to itself")
+    elif copied:
+        status, path, previous, copied_from = "added", after, None, before
+    elif new_file:
+        status, path, previous, copied_from = "added", after, None, None
+    elif deleted:
+        status, path, previous, copied_from = "removed", before, None, None
+    else:
+        status, path, previous, copied_from = "modified", after, None, None
+    seen = {n for pair in pairs[:1] for n in pair} | {rename_from, rename_to, copy_from, copy_to, minus, plus}
+    extra = tuple(sorted(n for n in seen if n and n != "/dev/null" and n not in (path, previous, copied_from)))
+
+    old_mode = new_mode = index_mode = None
+    for kw, value in sec.headers:
+        mode = value.split()[-1] if value.split() else None
+        if kw == "old mode" or kw == "deleted file mode":
+            old_mode = mode
+        elif kw in ("new mode", "new file mode"):
+            new_mode = mode
+        elif kw == "index" and len(value.split()) == 2:
+            index_mode = mode
+    if status != "removed" and new_mode is None:
+        new_mode = index_mode
+    added = bytes(sec.added)
+    binary = sec.binary or b"\0" in added or not _is_utf8(added)
+    whole = status == "added" and copied_from is None  # a new file's hunks are all of it
+    size = (sec.literal_size if sec.binary_line is None and sec.binary else len(added)) if whole else None
+    change = Change(path=path, status=status, previous_path=previous, old_mode=old_mode, new_mode=new_mode,
+                    binary=binary, size=size, size_at_least=max(len(added), sec.literal_size or 0),
+                    copied_from=copied_from, header_names=extra if problems else (),
+                    header_problem=("; ".join(problems) + f" (the file's diff starts at line {sec.line}); "
+                                    f"{REGENERATE}") if problems else None)
+    return DiffFile(change, added)
 
 
 def changes_from_diff(text: str, tree: Path | None = None) -> list[Change]:
     """Parse a unified diff (git's, ideally with --full-index) into changes. With `tree`, a checkout of
     the PR's head, new content is measured from the files themselves (never following a link)."""
-    from unidiff import PatchSet
-    from unidiff.errors import UnidiffParseError
-
-    try:
-        patch = PatchSet(text)
-    except (UnidiffParseError, ValueError) as exc:
-        raise DiffError(f"cannot read the diff: {exc}") from None
     out = []
-    for f in patch:
-        info = [line.rstrip("\n") for line in (f.patch_info or [])]
-        old_mode = new_mode = index_mode = None
-        binary = bool(f.is_binary_file) or any(line.startswith(("Binary files ", "GIT binary patch")) for line in info)
-        previous = None
-        for line in info:
-            if line.startswith("old mode "):
-                old_mode = line.split()[-1]
-            elif line.startswith("new mode ") or line.startswith("new file mode "):
-                new_mode = line.split()[-1]
-            elif line.startswith("deleted file mode "):
-                old_mode = line.split()[-1]
-            elif line.startswith("index ") and len(line.split()) == 3:
-                index_mode = line.split()[-1]
-        source = _diff_path(f.source_file, "a/")
-        target = _diff_path(f.target_file, "b/")
-        if f.is_added_file or (source is None and target is not None):
-            status, path = "added", target
-        elif f.is_removed_file or target is None:
-            status, path = "removed", source
-        elif source != target:
-            status, path, previous = "renamed", target, source
-        else:
-            status, path = "modified", target
-        if status != "removed" and new_mode is None:
-            new_mode = index_mode
-        added = b""
-        lines = [line for hunk in f for line in hunk]
-        for i, line in enumerate(lines):
-            if line.is_added:
-                value = line.value
-                if i + 1 < len(lines) and lines[i + 1].line_type == "\\" and value.endswith("\n"):
-                    value = value[:-1]  # "\ No newline at end of file"
-                added += value.encode("utf-8", "surrogateescape")
-        if b"\0" in added:
-            binary = True
-        try:
-            added.decode("utf-8")
-        except UnicodeDecodeError:
-            binary = True
-        size = len(added) if status == "added" else None
-        change = Change(path=path or "", status=status, previous_path=previous, old_mode=old_mode, new_mode=new_mode,
-                        binary=binary, size=size, size_at_least=len(added))
-        if tree is not None and status != "removed" and path and not _segments_problem(path):
+    for f in read_diff(text):
+        change = f.change
+        if tree is not None and change.status != "removed" and change.path and not _segments_problem(change.path):
             change = _measure(change, Path(tree))
         out.append(change)
     return out
@@ -502,14 +813,14 @@ def changes_from_pull(gh: "GitHub", pull: Any, author: str) -> list[Change]:
     """The PR's changes as the API reports them. Modes come from the head commit's tree and content from
     the blobs, but only for files that could be valid (in the author's folder, with an allowed name):
     everything else is refused by its path alone, and a hostile PR of thousands of files costs no more."""
-    me = author.lower()
     out = []
     for f in gh.pull_files(pull.number):
         status = {"copied": "added", "changed": "modified", "unchanged": "modified"}.get(f.status, f.status)
-        change = Change(path=f.path, status=status, previous_path=f.previous_path if status == "renamed" else None)
+        change = Change(path=f.path, status=status, previous_path=f.previous_path if status == "renamed" else None,
+                        copied_from=f.previous_path if f.status == "copied" else None)
         if status != "removed" and not _segments_problem(f.path):
             kind, info = _classify(f.path)
-            if (kind == "submission" and info["login"].lower() == me
+            if (kind == "submission" and _same_login(info["login"], author)
                     and info["name"] in ALLOWED_FILES[info["track"]]):
                 change = _from_tree(gh, pull.head_sha, change, ALLOWED_FILES[info["track"]][info["name"]])
         out.append(change)
@@ -546,14 +857,14 @@ def verdict_markdown(verdict: Verdict, status: str | None = None) -> str:
         s = verdict.submission
         what = f"kernel problem {md_escape(s.problem)}" if s.track == "kernel" else "the serving track"
         lines += ["### Submission check: valid", "",
-                  f"{md_escape(s.path, 200)} is a submission to {what} by {md_escape(s.login, 60)}."]
+                  f"{md_escape(printable(s.path), 200)} is a submission to {what} by {md_escape(s.login, 60)}."]
     else:
         n = len(verdict.violations)
         lines += [f"### Submission check: REFUSED ({n} problem{'s' if n != 1 else ''})", "",
                   "| file | rule | what is wrong |", "| --- | --- | --- |"]
         for v in verdict.violations[:MAX_LISTED]:
-            lines.append(f"| {md_escape(v.path, 200) if v.path else '(the pull request)'} | {md_escape(v.rule)} "
-                         f"| {md_escape(v.message, 400)} |")
+            lines.append(f"| {md_escape(printable(v.path), 200) if v.path else '(the pull request)'} "
+                         f"| {md_escape(v.rule)} | {md_escape(printable(v.message), 400)} |")
         if n > MAX_LISTED:
             lines.append(f"| ... | | and {n - MAX_LISTED} more |")
         lines += ["", "Fix these and push again: this comment is updated on every push."]
