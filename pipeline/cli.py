@@ -189,3 +189,8 @@ VERBS.update(_github_cli.VERBS)
 from pipeline import publish as _publish  # noqa: E402
 
 VERBS.update(_publish.VERBS)
+
+# ---- the trust boundary: `sandbox-check` (pipeline/sandbox.py) ----
+from pipeline import sandbox as _sandbox  # noqa: E402
+
+VERBS.update(_sandbox.VERBS)
