@@ -785,6 +785,8 @@ def _measure(c: Change, tree: Path) -> Change:
         return replace(c, new_mode="040000")
     if not stat.S_ISREG(st.st_mode):
         return replace(c, missing=True)
+    if c.new_mode is None:  # no mode line (a copy or rename at 100%): the checkout's is the file's
+        c = replace(c, new_mode="100755" if st.st_mode & 0o111 else REGULAR)
     size = st.st_size
     binary = c.binary
     limit = max(max(v.values()) for v in ALLOWED_FILES.values())

@@ -421,3 +421,49 @@ def test_a_header_git_would_not_write_is_refused_with_its_reason(diff, why):
     [change] = v.changes_from_diff(diff)
     assert change.header_problem and why in change.header_problem
     assert "diff-header" in {x.rule for x in v.check([change], "bob", problems=PROBLEMS).violations}
+
+
+_DIFF_LINES = ["diff --git a/x b/x", 'diff --git "a/x\\303" "b/y"', "diff --git a/x b/y b/z", "new file mode 100644",
+               "deleted file mode 100644", "old mode 100644", "new mode 100755", "index 1..2 100644", "rename from x",
+               "rename to y", 'copy from "q\\', "copy to x", "similarity index 90%", "--- a/x", "--- /dev/null",
+               "+++ b/x", '+++ "b/x\\t"', "+++ /dev/null", "@@ -1 +1 @@", "@@ -0,0 +1,2 @@", "@@ -1,2 +0,0 @@", "@@ x",
+               "+a", "-a", " a", "", "\\ No newline at end of file", "Binary files a/x and b/x differ",
+               "GIT binary patch", "literal 3", "-- ", "From 0 Mon Sep 17 00:00:00 2001", "diff --cc x"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_DIFF_LINES) | st.text(max_size=12), max_size=14))
+def test_any_diff_is_read_or_refused_with_a_message_never_a_crash(lines):
+    text = "\n".join(lines) + "\n"
+    try:
+        changes = v.changes_from_diff(text)
+    except v.DiffError as exc:
+        assert "git diff --full-index" in str(exc)
+        return
+    verdict = v.check(changes, "bob", problems=PROBLEMS)
+    verdict.text()
+    v.verdict_markdown(verdict).encode("utf-8")
+
+
+def test_a_copy_or_rename_of_an_executable_is_caught_in_the_checkout(tmp_path):
+    """At 100% similarity git writes no mode line for a copy or a rename: the checkout says what it is."""
+    repo = tmp_path / "r"
+    (repo / "tools").mkdir(parents=True)
+    _git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    _git(repo, "config", "user.email", "t@example.invalid")
+    _git(repo, "config", "user.name", "t")
+    (repo / "tools" / "run").write_text("import torch\n" * 20)
+    (repo / "tools" / "run").chmod(0o755)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "base")
+    _git(repo, "checkout", "-q", "-b", "pr")
+    own = repo / "submissions" / "kernel" / "muse_bf16_proj" / "bob"
+    own.mkdir(parents=True)
+    (own / "submission.py").write_bytes((repo / "tools" / "run").read_bytes())
+    (own / "submission.py").chmod(0o755)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "pr")
+    diff = _git(repo, "diff", "--full-index", "-C", "--find-copies-harder", "main...pr").decode()
+    assert "copy from tools/run" in diff and "mode" not in diff
+    verdict = v.check(v.changes_from_diff(diff, repo), "bob", problems=PROBLEMS)
+    assert [x.rule for x in verdict.violations] == ["mode-change"]
