@@ -39,7 +39,7 @@ from typing import Any, Iterable
 from pipeline.competition import Competition, DailyWindow, format_instant, parse_instant
 from pipeline.ledger import latest_markings
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: the chain head each snapshot rests on
 STATES = ("ranked", "under_review", "disqualified", "out_of_window")
 _KEY = attrgetter("key")
 
@@ -322,6 +322,65 @@ def daily_results(competition: Competition, specs: list[BoardSpec], instants: li
     return out
 
 
+# ---- the chain's head, as the committed views print it ----
+
+@dataclass(frozen=True)
+class ChainHead:
+    """The first `records` records of the ledger's hash chain (append order), named by the sha256 of
+    the last of them (64 zeros for none). Anyone holding a committed board or snapshot can check that
+    the ledger still has this sha256 at seq `records - 1`: an edit before it changes every hash after."""
+    records: int
+    sha256: str
+
+    def json(self) -> str:
+        return json.dumps({"records": self.records, "sha256": self.sha256}, sort_keys=True, separators=(",", ":"))
+
+    def markdown(self) -> str:
+        if not self.records:
+            return "Ledger chain: no records yet (head `" + self.sha256 + "`)."
+        return (f"Ledger chain head: `{self.sha256}` (record seq {self.records - 1}, {self.records} "
+                f"record{'s' if self.records != 1 else ''}); `python -m pipeline ledger verify` re-checks the chain "
+                "and every result's signed document.")
+
+
+GENESIS_HEAD = ChainHead(0, "0" * 64)
+
+
+class _ChainReader:
+    """Passes the records through, keeping what the chain heads need: (time, seq) of each, and the
+    sha256 of each seq."""
+
+    def __init__(self, records: Iterable[dict[str, Any]]):
+        self.records = records
+        self.times: list[tuple[str, int]] = []
+        self.sha: dict[int, str] = {}
+
+    def __iter__(self):
+        for r in self.records:
+            seq = r.get("seq")
+            if isinstance(seq, int):
+                self.times.append((r["accepted_at"] if r["kind"] == "result" else r["at"], seq))
+                self.sha[seq] = r.get("sha256", "")
+            yield r
+
+    def head(self) -> ChainHead:
+        if not self.sha:
+            return GENESIS_HEAD
+        last = max(self.sha)
+        return ChainHead(last + 1, self.sha[last])
+
+    def heads_at(self, instants: list[str]) -> list[ChainHead]:
+        """Per instant T: the shortest prefix of the chain that holds every record of time <= T."""
+        times = sorted(self.times)
+        out, best, i = [], -1, 0
+        for t in instants:
+            while i < len(times) and times[i][0] <= t:
+                best = max(best, times[i][1])
+                i += 1
+            out.append(GENESIS_HEAD if best < 0 else ChainHead(best + 1, self.sha[best]))
+        return out
+
+
 # ---- everything derived from one ledger at one instant ----
 
 @dataclass
@@ -335,6 +394,8 @@ class Derived:
     now: dt.datetime
     records: int
     unofficial: int
+    chain: ChainHead = GENESIS_HEAD  # the whole ledger's
+    chain_at: list[ChainHead] | None = None  # per instant: what the snapshot at that instant rests on
 
     def hour_counts(self, board: str) -> list[dict[str, int]]:
         """Per instant: how many of the board's results accepted by then are in each unranked state."""
@@ -345,14 +406,16 @@ class Derived:
 def derive(records: Iterable[dict[str, Any]], competition: Competition,
            problems: dict[str, tuple[str, tuple[str, ...]]], now: dt.datetime) -> Derived:
     """Everything the board, the snapshots and the prizes show, from the ledger's records (in any
-    order: only their content matters) at the instant `now`."""
-    specs, by_board = entries(records, competition, problems)
+    order: only their content matters) at the instant `now`. The chain heads are the one thing that
+    depends on the order records arrived in, as they must: they name the chain."""
+    chain = _ChainReader(records)
+    specs, by_board = entries(chain, competition, problems)
     instants = [format_instant(t) for t in competition.snapshot_instants(now)]
     timeline = {s.id: board_timeline(by_board[s.id], instants, competition.snapshot_top) for s in specs}
     daily = daily_results(competition, specs, instants, timeline, now)
     results = [e for lst in by_board.values() for e in lst]
     return Derived(competition, specs, by_board, instants, timeline, daily, now, len(results),
-                   sum(1 for e in results if not e.official))
+                   sum(1 for e in results if not e.official), chain.head(), chain.heads_at(instants))
 
 
 # ---- snapshots ----
@@ -367,6 +430,7 @@ def snapshots(d: Derived) -> Iterable[tuple[str, str, str]]:
     counts = {s.id: d.hour_counts(s.id) for s in d.specs}
     windows = {t: d.competition.windows(t) for t in d.competition.tracks}
     accepted = sorted(e.at for lst in d.entries.values() for e in lst)
+    heads = d.chain_at or [GENESIS_HEAD] * len(d.instants)
     for k, t in enumerate(d.instants):
         at = parse_instant(t)
         daily = {}
@@ -384,15 +448,17 @@ def snapshots(d: Derived) -> Iterable[tuple[str, str, str]]:
                          f'"out_of_window":{c["out_of_window"]},"ranked":{state.ranked},"top":{state.top_json()},'
                          f'"under_review":{c["under_review"]}}}')
         text = (f'{{\n "at": "{t}",\n "boards": {{\n' + ",\n".join(parts) + "\n },\n"
+                f' "chain": {heads[k].json()},\n'
                 f' "daily": {json.dumps(daily, sort_keys=True, separators=(",", ":"))},\n'
                 f' "results": {bisect_right(accepted, t)},\n "snapshot_version": {SNAPSHOT_VERSION}\n}}\n')
-        yield snapshot_path(t), text, _snapshot_md(d, k, t)
+        yield snapshot_path(t), text, _snapshot_md(d, k, t, heads[k])
 
 
-def _snapshot_md(d: Derived, k: int, t: str) -> str:
+def _snapshot_md(d: Derived, k: int, t: str, head: ChainHead) -> str:
     lines = [f"# Snapshot {t[:10]} {t[11:16]} UTC", "",
              "Each board as it stood at this instant, from ledger results accepted at or before it "
-             "(`python -m pipeline snapshots`); the JSON beside this file is the record.", ""]
+             "(`python -m pipeline snapshots`); the JSON beside this file is the record.", "",
+             head.markdown().replace("Ledger chain head:", "Ledger chain up to this instant:"), ""]
     for s in d.specs:
         state = d.timeline[s.id][k]
         lines.append(f"## {s.id}")
@@ -508,7 +574,8 @@ def render_board(d: Derived, plots: set[str] | None = None) -> str:
            f"Regenerated from the results ledger ({d.records} recorded result{'s' if d.records != 1 else ''}) by "
            "`python -m pipeline board`. Each board ranks every competitor's best result by its score, the "
            "geometric mean of its workloads' speedups over the baseline; results whose 95% intervals overlap "
-           "share a rank, the earlier accepted listed first (the rules in full are at the end).", ""]
+           "share a rank, the earlier accepted listed first (the rules in full are at the end).", "",
+           d.chain.markdown(), ""]
     if d.unofficial:
         out += [f"> **Unofficial results:** {d.unofficial} result{'s' if d.unofficial != 1 else ''} on these "
                 f"boards {'were' if d.unofficial != 1 else 'was'} timed on a CPU, not by the H200 runner "

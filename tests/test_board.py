@@ -73,6 +73,20 @@ def everything(d: bd.Derived) -> tuple[str, list, str, str]:
     return bd.render_board(d), list(bd.snapshots(d)), bd.render_prizes(d), json.dumps(bd.prizes_rows(d))
 
 
+def unchained(text: str) -> str:
+    """A board or snapshot without its chain head: the one line that names the chain, which depends on
+    the order records arrived in (as it must), where nothing else may."""
+    kept = [line for line in text.splitlines(keepends=True)
+            if not line.startswith((' "chain": ', "Ledger chain"))]
+    assert len(kept) == len(text.splitlines()) - 1, "one chain line per board and snapshot"
+    return "".join(kept)
+
+
+def without_chains(views: tuple[str, list, str, str]) -> tuple[str, list, str, str]:
+    board, snaps, prizes, rows = views
+    return unchained(board), [(rel, unchained(j), unchained(m)) for rel, j, m in snaps], prizes, rows
+
+
 # ---- ranking ----
 
 def test_ties_share_a_rank_by_overlap_with_the_group_leader():
@@ -197,7 +211,11 @@ def test_same_ledger_same_bytes_whatever_the_arrival_order(spec, marks, rnd, now
     rnd.shuffle(shuffled)
     # a marking still arrives after the result it marks
     a, b = chain(results + markings), chain(shuffled + markings)
-    assert everything(derive(a, now)) == everything(derive(b, now))
+    da, db = derive(a, now), derive(b, now)
+    assert without_chains(everything(da)) == without_chains(everything(db))
+    for d, records in ((da, a), (db, b)):
+        assert d.chain == bd.ChainHead(len(records), records[-1]["sha256"])
+        assert f"Ledger chain head: `{records[-1]['sha256']}` (record seq {len(records) - 1}," in bd.render_board(d)
 
 
 def test_cli_outputs_are_byte_identical_across_arrival_orders_and_reruns(tmp_path, capsys):
@@ -222,14 +240,23 @@ def test_cli_outputs_are_byte_identical_across_arrival_orders_and_reruns(tmp_pat
         assert main(["prizes", *args]) == 0
         prizes = capsys.readouterr().out
         files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-                 if p.is_file() and "ledger" not in p.parts}
+                 if p.is_file() and "ledger" not in p.parts and "evidence" not in p.parts}
+        head = lg.verify(root, allow_unofficial=True)[-1]["sha256"]
+        assert f"Ledger chain head: `{head}` (record seq 10, 11 records)".encode() in files["leaderboard.md"]
+        assert json.loads(files["results/snapshots/2026-10-23/06.json"])["chain"] == {"records": 11, "sha256": head}
         # and running again changes nothing
         assert main(["board", *args]) == 0 and main(["snapshots", *args]) == 0
         out = capsys.readouterr().out
         assert "board from 10 results: nothing changed" in out and "wrote 0 missing, refreshed 0" in out
         assert files == {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-                         if p.is_file() and "ledger" not in p.parts}
+                         if p.is_file() and "ledger" not in p.parts and "evidence" not in p.parts}
         outputs.append((files, prizes))
+    differ = sorted(f for f in outputs[0][0] if outputs[0][0][f] != outputs[1][0][f])
+    assert differ and all(f == "leaderboard.md" or f.startswith("results/snapshots/") for f in differ)
+    for files in (outputs[0][0], outputs[1][0]):
+        for f in differ:
+            if not f.endswith(".png"):
+                files[f] = unchained(files[f].decode()).encode()
     assert outputs[0] == outputs[1]
     files = outputs[0][0]
     assert "leaderboard/muse_bf16_proj.png" in files and "leaderboard/serving.png" in files
@@ -301,8 +328,10 @@ def test_backfilled_snapshots_equal_snapshots_written_hour_by_hour(spec):
     c = competition(days=2)
     hourly, rewrites = _hour_by_hour(spec, c)
     bodies = [result(i + 1, login, s, at(minute / 60)) for i, (login, s, minute, _) in enumerate(spec)]
-    backfill = {rel: text for rel, text, _ in bd.snapshots(derive(chain(bodies), at(72), c))}
-    assert hourly == backfill
+    arrive = [comp.parse_instant(b["accepted_at"]) + dt.timedelta(minutes=late) for b, (*_, late) in zip(bodies, spec, strict=True)]
+    ledger = chain([bodies[i] for i in sorted(range(len(bodies)), key=lambda i: (arrive[i], i))])
+    backfill = {rel: text for rel, text, _ in bd.snapshots(derive(ledger, at(72), c))}
+    assert hourly == backfill, "the same ledger (in its own arrival order), the same snapshots, chain heads included"
     if all(late == 0 for *_, late in spec):
         assert rewrites == 0, "records that arrive on time never change a snapshot already written"
 
