@@ -37,6 +37,8 @@ def test_honest_kernels_raise_no_flag(path):
         ("import os\nos.write(4, b'x')\n", "file_descriptors", 2),
         ("def f():\n    return globals()\n", "introspection", 2),
         ("import torch\nsetattr(torch, 'mm', None)\n", "monkeypatch", 2),
+        ("import operator, torch\ns = operator.attrgetter('cuda.Stream')(torch)()\n", "introspection", 2),
+        ("import torch\nk = torch.load('k.pt', weights_only=False)\n", "introspection", 2),
     ],
 )
 def test_suspicious_code_is_flagged_at_its_line(source, code, line):
