@@ -1,5 +1,6 @@
 """Every call the pipeline makes to GitHub, through PyGithub: PR facts and files, trees and blobs, the
-labeler's permission, the one sticky comment, the check run, dispatching bench.yml, reading merged_at.
+labeler's permission, the one sticky comment, the check run, dispatching bench.yml, reading merged_at,
+the merged pull requests and a bench run's artifact (the ledger's reconcile).
 
 Retries: reads, edits and deletes are idempotent and are retried by the HTTP layer (PyGithub's
 GithubRetry over urllib3) on 5xx, 429 and rate-limit 403 answers, with exponential backoff, honouring
@@ -108,6 +109,7 @@ class GitHub:
         if repository.count("/") != 1:
             raise GitHubError(f"repository {repository!r} must be owner/name")
         self.repository = repository
+        self.token = token
         self.bot_login = bot_login
         self.backoff = backoff
         self.retries = retries
@@ -211,25 +213,33 @@ class GitHub:
     # ---- pull requests ----
 
     def pull(self, number: int) -> PullFacts:
-        def get() -> PullFacts:
-            p = self.repo.get_pull(number)
-            raw = p.raw_data
-            head_repo = (raw.get("head") or {}).get("repo") or {}
-            return PullFacts(
-                number=raw["number"],
-                author=raw["user"]["login"],
-                state=raw["state"],
-                head_sha=raw["head"]["sha"],
-                head_repo=head_repo.get("full_name"),
-                base_ref=raw["base"]["ref"],
-                merged=bool(raw.get("merged") or raw.get("merged_at")),
-                merged_at=_instant(raw.get("merged_at")),
-                labels=tuple(label["name"] for label in raw.get("labels") or []),
-                changed_files=raw.get("changed_files"),
-                html_url=raw.get("html_url", ""),
-            )
+        return self._call(f"reading pull request #{number}", lambda: _pull_facts(self.repo.get_pull(number).raw_data))
 
-        return self._call(f"reading pull request #{number}", get)
+    def merged_pulls(self, since: dt.datetime, base: str = "main") -> list[PullFacts]:
+        """Every pull request into `base` merged at or after `since`, in merged_at order. Reads the closed
+        pull requests most recently updated first and stops at the first one last updated before
+        `since` (a merge updates a pull request, so none merged since can come after it)."""
+        stamp = _instant(since)
+
+        def get() -> list[PullFacts]:
+            out = []
+            for p in self.repo.get_pulls(state="closed", sort="updated", direction="desc", base=base):
+                # the list's own fields only: reading raw_data, `merged` or `changed_files` of a listed pull
+                # request makes PyGithub fetch each one again
+                if (_instant(p.updated_at) or stamp) < stamp:
+                    break
+                merged_at = _instant(p.merged_at)
+                if not merged_at or merged_at < stamp:
+                    continue
+                head_repo = p.head.repo
+                out.append(PullFacts(
+                    number=p.number, author=p.user.login, state=p.state, head_sha=p.head.sha,
+                    head_repo=head_repo.full_name if head_repo is not None else None, base_ref=p.base.ref,
+                    merged=True, merged_at=merged_at, labels=tuple(label.name for label in p.labels),
+                    changed_files=None, html_url=p.html_url or ""))
+            return sorted(out, key=lambda f: (f.merged_at, f.number))
+
+        return self._call(f"listing the pull requests merged into {base} since {stamp}", get)
 
     def merged_at(self, number: int) -> str | None:
         """GitHub's merged_at of a PR (None while it is not merged): the ledger's accepted_at."""
@@ -434,6 +444,71 @@ class GitHub:
 
         return self._call(f"listing the runs of {workflow}", get)
 
+    def artifact(self, run_id: int, name: str, member: str, limit: int) -> bytes:
+        """The bytes of file `member` in the artifact `name` of workflow run `run_id`, as data: the zip is
+        read in memory, bounded (`limit` for the file, 4x that for the archive), never extracted to disk."""
+        import io
+        import zipfile
+
+        from github.Artifact import Artifact
+        from github.PaginatedList import PaginatedList
+
+        def find() -> list[tuple[str, bool, str, int]]:
+            url = f"{self.repo.url}/actions/runs/{int(run_id)}/artifacts"
+            return [(a.name, bool(a.expired), a.archive_download_url, a.size_in_bytes or 0)
+                    for a in PaginatedList(Artifact, self.repo.requester, url, None, list_item="artifacts")]
+
+        found = [a for a in self._call(f"listing the artifacts of run {run_id}", find) if a[0] == name]
+        if not found:
+            raise GitHubError(f"run {run_id} has no artifact {name!r}")
+        _, expired, url, size = found[-1]
+        if expired:
+            raise GitHubError(f"run {run_id}'s artifact {name!r} has expired (see the repository's artifact retention)")
+        if size > 4 * limit:
+            raise GitHubError(f"run {run_id}'s artifact {name!r} is {size:,} bytes, more than a result's")
+        data = self._download(f"downloading run {run_id}'s artifact {name!r}", url, 4 * limit)
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                info = next((i for i in zf.infolist() if i.filename == member), None)
+                if info is None:
+                    raise GitHubError(f"run {run_id}'s artifact {name!r} holds no {member} "
+                                      f"({', '.join(i.filename for i in zf.infolist()[:5]) or 'nothing'})")
+                if info.file_size > limit:
+                    raise GitHubError(f"{member} in run {run_id}'s artifact {name!r} is {info.file_size:,} bytes")
+                with zf.open(info) as fh:
+                    out = fh.read(limit + 1)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as exc:
+            raise GitHubError(f"run {run_id}'s artifact {name!r} is not a readable zip ({exc})") from None
+        if len(out) > limit:
+            raise GitHubError(f"{member} in run {run_id}'s artifact {name!r} is larger than it says")
+        return out
+
+    def _download(self, what: str, url: str, limit: int) -> bytes:
+        """GET `url` with the token, following GitHub's redirect to its storage (requests drops the
+        Authorization header when the host changes); retried on 5xx and connection errors."""
+        import requests
+
+        headers = {"Accept": "application/vnd.github+json", "User-Agent": "muse-pipeline"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        for attempt in range(self.retries + 1):
+            try:
+                with requests.get(url, headers=headers, stream=True, timeout=60) as resp:
+                    if resp.status_code < 400:
+                        data = resp.raw.read(limit + 1, decode_content=True)
+                        if len(data) > limit:
+                            raise GitHubError(f"{what}: more than {limit:,} bytes")
+                        return data
+                    status = resp.status_code
+                    if status < 500 and status != 429:
+                        raise GitHubError(f"{what}: GitHub answered {status}")
+            except requests.RequestException as exc:
+                if attempt == self.retries:
+                    raise GitHubError(f"{what}: {exc}") from None
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2 ** attempt)
+        raise GitHubError(f"{what}: GitHub kept answering with errors")
+
     def dispatch_bench(self, inputs: dict[str, str], ref: str = "main", workflow: str = BENCH_WORKFLOW) -> BenchRun | None:
         """Dispatch bench.yml on `ref` with the gate's record as inputs. Returns the run when GitHub says
         which it is (or when a lost dispatch is found again), else None."""
@@ -459,6 +534,23 @@ class GitHub:
             return None
 
         return self._create(f"dispatching {workflow}", post, find)
+
+
+def _pull_facts(raw: dict[str, Any]) -> PullFacts:
+    head_repo = (raw.get("head") or {}).get("repo") or {}
+    return PullFacts(
+        number=raw["number"],
+        author=raw["user"]["login"],
+        state=raw["state"],
+        head_sha=raw["head"]["sha"],
+        head_repo=head_repo.get("full_name"),
+        base_ref=raw["base"]["ref"],
+        merged=bool(raw.get("merged") or raw.get("merged_at")),
+        merged_at=_instant(raw.get("merged_at")),
+        labels=tuple(label["name"] for label in raw.get("labels") or []),
+        changed_files=raw.get("changed_files"),
+        html_url=raw.get("html_url", ""),
+    )
 
 
 def _message(exc: Any) -> str:

@@ -1,4 +1,5 @@
-"""What ledger.yml and snapshot.yml do around the ledger's own verbs: `find-result` (which bench run
+"""What ledger.yml and snapshot.yml do around the ledger's own verbs: `publish reconcile` (record every
+merged and evaluated PR the ledger lacks, asking GitHub which), `find-result` (which bench run
 evaluated a merged PR's head) and `publish` (append, regenerate, commit and push, safely however many
 writers race for the branch).
 
@@ -29,6 +30,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -219,6 +221,34 @@ def snapshot_steps(args: argparse.Namespace) -> Callable[[Path], None]:
     return steps
 
 
+def reconcile_steps(args: argparse.Namespace, found: list["Evaluated"], outcome: dict) -> Callable[[Path], None]:
+    """Append every evaluated merge that the tip's ledger lacks, in merged_at order, then regenerate
+    the board and the snapshots. `outcome` tells the caller what the last attempt did."""
+    board_opts, snapshot_opts = _board_options(args)
+
+    def steps(root: Path) -> None:
+        from pipeline import ledger as lg
+
+        recorded = {(r["pr"], r["head_sha"]) for r in lg.iter_records(root) if r.get("kind") == "result"}
+        outcome.update(appended=[], refused=[], already=[])
+        for e in found:
+            if (e.pr, e.head_sha) in recorded:
+                outcome["already"].append(e)
+                continue
+            try:
+                _run_verb(["ledger", "append", str(e.result), "--pr", str(e.pr), "--login", e.login,
+                           "--head-sha", e.head_sha, "--merged-at", e.merged_at, "--root", str(root)])
+            except Refused:
+                outcome["refused"].append(e)
+                continue
+            recorded.add((e.pr, e.head_sha))
+            outcome["appended"].append(e)
+        _run_verb(["board", "--root", str(root), *board_opts])
+        _run_verb(["snapshots", "--root", str(root), *snapshot_opts])
+
+    return steps
+
+
 # ---- publish ----
 
 def _publish_args(p: argparse.ArgumentParser) -> None:
@@ -231,6 +261,16 @@ def _publish_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--merged-at", required=True, metavar="ISO8601")
     a.add_argument("--allow-unofficial", action="store_true", help="for a test or demo ledger only")
     sub.add_parser("snapshots", help="backfill the hourly snapshots, regenerate the board, push")
+    r = sub.add_parser("reconcile", help="record every merged and evaluated PR the ledger lacks (asking GitHub), "
+                       "regenerate the board and snapshots, push")
+    r.add_argument("--pr", type=int, action="append", default=[], metavar="N",
+                   help="this PR must end up recorded (repeatable): exit 1 when it cannot be (ledger.yml passes the "
+                        "merged PR that triggered it)")
+    r.add_argument("--since", metavar="ISO8601",
+                   help="merges since then (default: the first track's start in ROOT/competition.toml)")
+    r.add_argument("--days", type=int, default=LOOKBACK_DAYS,
+                   help=f"how far before the earliest merge to look for its bench run (default {LOOKBACK_DAYS})")
+    r.add_argument("--github-repo", metavar="OWNER/NAME", help="default: $GITHUB_REPOSITORY")
     for q in sub.choices.values():
         q.add_argument("--repo", type=Path, default=Path("."), help="the clone to publish from (default: .)")
         q.add_argument("--remote", default="origin")
@@ -258,6 +298,8 @@ def publish_verb(args: argparse.Namespace) -> int:
         return _error(USAGE, str(exc))
     if not (Path(args.repo) / ".git").exists():
         return _error(USAGE, f"{args.repo}: not a git clone; pass --repo with the checkout of the repository")
+    if args.what == "reconcile":
+        return reconcile(args)
     if args.what == "ledger":
         result = args.result.resolve()
         if not result.is_file():
@@ -281,6 +323,179 @@ def publish_verb(args: argparse.Namespace) -> int:
         return _error(exc.code, "nothing was pushed")
     except PublishError as exc:
         return _error(REFUSED, str(exc))
+    return OK
+
+
+# ---- reconcile ----
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A merged PR, the bench run that evaluated its merged head, and that run's signed result (a file)."""
+    pr: int
+    login: str
+    head_sha: str
+    merged_at: str
+    run_id: int
+    result: Path
+
+
+def _since(args: argparse.Namespace) -> dt.datetime:
+    from pipeline.competition import load, parse_instant
+
+    if args.since:
+        return parse_instant(args.since, "--since")
+    competition = load(Path(args.repo) / "competition.toml")
+    return min(t.start for t in competition.tracks.values())
+
+
+def _tip_results(repo: Path, remote: str, branch: str) -> set[tuple[int, str]]:
+    """(PR, head SHA) of every result in the ledger at the branch's tip on the remote, read from git
+    (the checkout may be older): which merges need nothing downloaded. Each attempt checks again."""
+    from pipeline import ledger as lg
+
+    env = git_env(os.environ.get(TOKEN_ENV) or None)
+    tracking = f"refs/remotes/{remote}/{branch}"
+    _git(repo, "fetch", "--quiet", "--no-tags", remote, f"+refs/heads/{branch}:{tracking}", env=env)
+    names = _git(repo, "ls-tree", "--name-only", f"{tracking}:{lg.LEDGER_DIR.as_posix()}", check=False).stdout.split()
+    shards = {}
+    for name in names:
+        if lg.SHARD_RE.match(name):
+            shards[name] = subprocess.run(["git", "cat-file", "blob", f"{tracking}:{lg.LEDGER_DIR.as_posix()}/{name}"],
+                                          cwd=repo, capture_output=True, check=True).stdout
+    return {(r["pr"], r["head_sha"]) for r in lg.iter_shards(shards) if r.get("kind") == "result"}
+
+
+def _touches_submissions(gh, number: int) -> bool:
+    return any(f.path.startswith("submissions/") or (f.previous_path or "").startswith("submissions/")
+               for f in gh.pull_files(number))
+
+
+def find_evaluated(gh, args: argparse.Namespace, recorded: set[tuple[int, str]], folder: Path,
+                   log: Callable[[str], None] = print) -> tuple[list[Evaluated], list[str], list[str]]:
+    """Ask GitHub which merged PRs the ledger lacks and, for each, the latest successful bench run of its
+    merged head; download that run's signed `result` into `folder`. Returns (what can be recorded, in
+    merged_at order; notes: why others are not, such as a merge whose evaluation failed; errors: a
+    result that does not verify, which nobody should ever see)."""
+    from pipeline import signing
+    from pipeline.github import GitHubError
+    from pipeline.ledger import RECORDED_STATUSES
+    from pipeline.result import MAX_BYTES
+
+    since = _since(args)
+    pulls = {p.number: p for p in gh.merged_pulls(since)}
+    for n in args.pr:
+        if n not in pulls:
+            pulls[n] = gh.pull(n)
+    problems: list[str] = []
+    missing = []
+    for p in sorted(pulls.values(), key=lambda p: (p.merged_at or "", p.number)):
+        if not p.merged or not p.merged_at:
+            problems.append(f"#{p.number} is not merged ({p.state}); only a merged PR's result is recorded")
+        elif (p.number, p.head_sha) not in recorded:
+            missing.append(p)
+    errors: list[str] = []
+    if not missing:
+        return [], problems, errors
+    keyring = signing.load_keyring(signing.keyring_dir(args.repo))
+    earliest = min(dt.datetime.strptime(p.merged_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+                   for p in missing)
+    runs = gh.bench_runs(earliest - dt.timedelta(days=args.days))
+    found = []
+    for p in missing:
+        mine = [r for r in runs if r.pr == p.number]
+        done = [r for r in mine if r.head_sha == p.head_sha and r.status == "completed" and r.conclusion == "success"]
+        if not done:
+            if not mine and p.number not in args.pr and not _touches_submissions(gh, p.number):
+                continue  # an organizer's PR: nothing to record
+            evaluated = sorted({r.head_sha[:12] for r in mine if r.head_sha and r.conclusion == "success"})
+            problems.append(f"#{p.number} was merged at head {p.head_sha}, which no bench run evaluated successfully"
+                            + (f" (evaluated: {', '.join(evaluated)})" if evaluated else " (no evaluation at all)")
+                            + ": the merged head must be the evaluated one. Label the head with run-eval; once its "
+                            "run succeeds, the next ledger or snapshot run records it")
+            continue
+        run = max(done, key=lambda r: (r.created_at, r.id))
+        try:
+            data = gh.artifact(run.id, "result", "result.json", MAX_BYTES)
+        except GitHubError as exc:
+            problems.append(f"#{p.number}: {exc}; re-run its evaluation (label the head with run-eval)")
+            continue
+        try:  # its status decides only whether to try; `ledger append` checks everything again
+            doc = signing.loads(data)
+            signing.verify(doc, keyring)
+            status = doc.get("status")
+        except (ValueError, UnicodeDecodeError, AttributeError, signing.SignatureError) as exc:
+            errors.append(f"#{p.number}: the result of bench run {run.id} does not verify ({exc}): an artifact "
+                          "that is not the signer's; investigate before anything else")
+            continue
+        if status not in RECORDED_STATUSES:
+            problems.append(f"#{p.number} was merged although its evaluation (bench run {run.id}) says {status!r}: "
+                            "nothing to record")
+            continue
+        path = folder / f"pr-{p.number}-{p.head_sha[:12]}-run-{run.id}.json"
+        path.write_bytes(data)
+        found.append(Evaluated(p.number, p.author, p.head_sha, p.merged_at, run.id, path))
+        log(f"#{p.number} by @{p.author}, merged {p.merged_at} at {p.head_sha[:12]}: not in the ledger yet; "
+            f"bench run {run.id} evaluated it")
+    return found, problems, errors
+
+
+def reconcile(args: argparse.Namespace) -> int:
+    """ledger.yml and snapshot.yml: record EVERY merged and evaluated PR still missing from the ledger.
+
+    GitHub keeps one pending run per concurrency group and cancels the others, so no run may be the only
+    one that records its PR: each run asks GitHub for the PRs merged since the competition's start,
+    keeps those whose merged head a bench run evaluated successfully and that the branch tip's ledger
+    lacks, downloads each one's signed result (as data), and appends them in merged_at order, then
+    regenerates the board and the snapshots and pushes with the compare-and-swap of `publish`. Running
+    it again, or many at once, records nothing twice. Exit 1 when a result was refused, or a PR named by
+    --pr could not be recorded; the others are recorded and pushed all the same.
+    """
+    from pipeline import ledger as lg
+    from pipeline.competition import CompetitionError, InstantError
+    from pipeline.github import GitHub, GitHubError
+    from pipeline.signing import SignatureError
+
+    import pipeline.board  # noqa: F401 - everything the steps use, before the worktrees exist
+    import pipeline.ledger_cli  # noqa: F401
+
+    repo = Path(args.repo)
+    try:
+        gh = GitHub.from_env(repository=args.github_repo)
+        with tempfile.TemporaryDirectory(prefix="reconcile-") as folder:
+            recorded = _tip_results(repo, args.remote, args.branch)
+            found, problems, errors = find_evaluated(gh, args, recorded, Path(folder))
+            for line in problems:
+                print(f"note: {line}", file=sys.stderr)
+            for line in errors:
+                print(f"refused: {line}", file=sys.stderr)
+            outcome: dict = {}
+            prs = ", ".join(f"#{e.pr}" for e in found)
+            message = (f"ledger: record {prs} (reconcile)" if found else
+                       f"snapshots: backfill up to {args.now or format(dt.datetime.now(dt.timezone.utc), '%Y-%m-%dT%H:00Z')}")
+            published = publish(repo, reconcile_steps(args, found, outcome), message, remote=args.remote,
+                                branch=args.branch, attempts=args.attempts, backoff=args.backoff, author=args.author,
+                                token=os.environ.get(TOKEN_ENV) or None)
+    except (CompetitionError, InstantError, GitHubError, SignatureError) as exc:
+        return _error(USAGE, str(exc))
+    except lg.LedgerBroken as exc:
+        return _error(REFUSED, f"the ledger does not verify: {exc}")
+    except Refused as exc:
+        return _error(exc.code, "nothing was pushed")
+    except PublishError as exc:
+        return _error(REFUSED, str(exc))
+    appended = outcome.get("appended", [])
+    if published.commit:
+        print(f"recorded {len(appended)} merged PR{'s' if len(appended) != 1 else ''}"
+              + (f" ({', '.join(f'#{e.pr}' for e in appended)})" if appended else ""))
+    done = recorded | {(e.pr, e.head_sha) for e in appended + outcome.get("already", [])}
+    unrecorded = [n for n in args.pr if not any(pr == n for pr, _ in done)]
+    refused = outcome.get("refused", [])
+    if refused or unrecorded or errors:
+        what = [f"#{e.pr} (run {e.run_id}): its result was refused (above)" for e in refused]
+        what += [f"{len(errors)} result{'s' if len(errors) != 1 else ''} did not verify (above)"] if errors else []
+        what += [f"#{n} is not recorded (see the notes above)" for n in unrecorded if n not in {e.pr for e in refused}]
+        return _error(REFUSED, "; ".join(what) + ("; everything else was recorded and pushed" if published.commit
+                                                  else ""))
     return OK
 
 

@@ -2,7 +2,7 @@
 
 Served by pytest-httpserver over real HTTP, so PyGithub runs unmodified (its requester, retries,
 pagination). State is plain data (pulls, files, trees, blobs, comments, labels, roles, check runs,
-workflow runs); every request is logged as "METHOD /path?query" with its JSON body, so tests assert
+workflow runs and their artifacts); every request is logged as "METHOD /path?query" with its JSON body, so tests assert
 the exact requests. Lists are paginated with `Link` headers like GitHub's (`page_size` caps per_page,
 so small pages can be forced). `fail(...)` makes the next matching requests answer an error, before
 or after doing their work (a POST whose answer is lost).
@@ -72,6 +72,8 @@ class FakeGitHub:
     runs: list[dict] = field(default_factory=list)
     dispatches: list[dict] = field(default_factory=list)
     commit_pulls: dict[str, list[int]] = field(default_factory=dict)
+    artifacts: dict[int, list[dict]] = field(default_factory=dict)  # run id -> its artifacts
+    blobs_storage: dict[int, bytes] = field(default_factory=dict)  # artifact id -> its zip
     log: list[Logged] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     run_details: bool = True
@@ -137,6 +139,8 @@ class FakeGitHub:
             "base": {"sha": fake_sha("base"), "ref": "main", "repo": {"full_name": self.repo}},
             "merged": merged_at is not None,
             "merged_at": merged_at,
+            "created_at": "2026-10-20T00:00:00Z",
+            "updated_at": merged_at or "2026-10-20T00:00:00Z",
             "labels": [{"name": n} for n in labels],
             "changed_files": len(files) if changed_files is None else changed_files,
         }
@@ -162,6 +166,31 @@ class FakeGitHub:
                "url": f"{self.base}/repos/{self.repo}/actions/runs/{rid}"}
         self.runs.append(run)
         return run
+
+    def merge(self, number: int, merged_at: str) -> dict:
+        """The PR is merged now: closed, with GitHub's merged_at, and updated then."""
+        pull = self.pulls[number]
+        pull.update(state="closed", merged=True, merged_at=merged_at, updated_at=merged_at, closed_at=merged_at)
+        return pull
+
+    def add_artifact(self, run_id: int, name: str, files: dict[str, bytes], *, expired: bool = False) -> dict:
+        """An artifact of a workflow run: a zip of `files`, served from a storage URL the API redirects to."""
+        import io
+        import zipfile
+
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for path, data in files.items():
+                zf.writestr(path, data)
+        aid = next(self._ids)
+        self.blobs_storage[aid] = buf.getvalue()
+        artifact = {"id": aid, "node_id": f"A{aid}", "name": name, "size_in_bytes": len(buf.getvalue()),
+                    "url": f"{self.base}/repos/{self.repo}/actions/artifacts/{aid}",
+                    "archive_download_url": f"{self.base}/repos/{self.repo}/actions/artifacts/{aid}/zip",
+                    "expired": expired, "created_at": "2026-10-22T09:00:00Z", "expires_at": "2027-01-20T09:00:00Z",
+                    "updated_at": "2026-10-22T09:00:00Z", "workflow_run": {"id": run_id}}
+        self.artifacts.setdefault(run_id, []).append(artifact)
+        return artifact
 
     def fail(self, method: str, path: str, status: int, *, times: int = 1, headers: dict[str, str] | None = None,
              message: str = "Server Error", after: bool = False) -> None:
@@ -217,6 +246,10 @@ class FakeGitHub:
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> Response:
         prefix = f"/repos/{self.repo}"
+        m = re.fullmatch(r"/_storage/artifacts/(\d+)\.zip", path)
+        if m and method == "GET":  # where GitHub's artifact download redirects (another host in reality)
+            data = self.blobs_storage.get(int(m[1]))
+            return Response(data, content_type="application/zip") if data is not None else self._not_found()
         if not path.startswith(prefix + "/"):
             return self._not_found()
         rest = path[len(prefix):]
@@ -229,7 +262,14 @@ class FakeGitHub:
             return self._page(path, query, self.files.get(int(m[1]), []))
         if rest == "/pulls" and method == "GET":
             state = query.get("state", "open")
-            items = [p for _, p in sorted(self.pulls.items()) if state == "all" or p["state"] == state]
+            items = [p for _, p in sorted(self.pulls.items()) if (state == "all" or p["state"] == state)
+                     and ("base" not in query or p["base"]["ref"] == query["base"])]
+            sort = query.get("sort", "created")
+            field_ = {"created": "created_at", "updated": "updated_at"}.get(sort)
+            if field_:
+                # GitHub's default direction is desc for any explicit sort but created, asc for that one
+                desc = query.get("direction", "asc" if sort == "created" else "desc") == "desc"
+                items.sort(key=lambda p: (p[field_], p["number"]), reverse=desc)
             return self._page(path, query, items)
         m = re.fullmatch(r"/git/trees/([^/]+)", rest)
         if m and method == "GET":
@@ -298,6 +338,14 @@ class FakeGitHub:
             items = [r for r in reversed(self.runs) if ("event" not in query or r["event"] == query["event"])
                      and ("created" not in query or r["created_at"] >= query["created"].lstrip(">="))]
             return self._page(path, query, items, key="workflow_runs")
+        m = re.fullmatch(r"/actions/runs/(\d+)/artifacts", rest)
+        if m and method == "GET":
+            return self._page(path, query, self.artifacts.get(int(m[1]), []), key="artifacts")
+        m = re.fullmatch(r"/actions/artifacts/(\d+)/zip", rest)
+        if m and method == "GET":
+            if int(m[1]) not in self.blobs_storage:
+                return self._not_found()
+            return Response(status=302, headers={"Location": f"{self.base}/_storage/artifacts/{m[1]}.zip"})
         m = re.fullmatch(r"/actions/workflows/([^/]+)/dispatches", rest)
         if m and method == "POST":
             self.dispatches.append(body)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from ledger_factory import raw, result_doc, sha, write_competition
+from ledger_factory import raw, resign, result_doc, sha, write_competition
 from pipeline import ledger as lg, publish as pub
 from pipeline.__main__ import main
 
@@ -314,3 +315,104 @@ def test_find_result_refuses_an_unmerged_pr(stub, capsys):
     stub["gh"] = StubGitHub(facts(merged=False, merged_at=None, state="closed"), [run(9, "a" * 40)])
     assert main(["find-result", "--pr", "12"]) == 1
     assert "#12 is not merged (closed)" in capsys.readouterr().err
+
+
+# ---- reconcile: every merged and evaluated PR, however many runs were cancelled ----
+
+@pytest.fixture
+def fake(httpserver, monkeypatch):
+    from github_fake import FakeGitHub
+
+    fake = FakeGitHub(httpserver)
+    for k, v in fake.env().items():
+        monkeypatch.setenv(k, v)
+    return fake
+
+
+def merged_and_evaluated(fake, pr: int, login: str, merged_at: str, *, doc: dict | None = None,
+                         merge: bool = True) -> str:
+    """A PR whose head a bench run evaluated (its signed `result` artifact uploaded), then merged."""
+    head_sha = sha(f"head-{pr}")
+    fake.add_pull(pr, login, head_sha, [{"filename": f"submissions/kernel/muse_bf16_proj/{login}/submission.py",
+                                          "status": "added"}])
+    run = fake.add_run(f"bench #{pr} @{login} {head_sha}", "2026-10-22T08:00:00Z")
+    fake.add_artifact(run["id"], "result", {"result.json": raw(doc or result_doc(pr=pr, login=login,
+                                                                                  head_sha=head_sha))})
+    if merge:
+        fake.merge(pr, merged_at)
+    return head_sha
+
+
+def reconcile(repo: Path, *extra: str) -> int:
+    return main(["publish", "reconcile", "--repo", str(repo), "--now", NOW, "--no-plots", "--backoff", "0", *extra])
+
+
+def test_reconcile_records_every_merged_and_evaluated_pr_in_merged_at_order(origin, tmp_path, fake, capsys):
+    fake.page_size = 2  # every list is paginated, through GitHub's Link headers
+    merged_and_evaluated(fake, 5, "carol", "2026-10-22T10:30:00Z")
+    merged_and_evaluated(fake, 3, "alice", "2026-10-22T11:00:00Z")
+    merged_and_evaluated(fake, 4, "bob", "2026-10-22T10:00:00Z")
+    merged_and_evaluated(fake, 6, "dan", "2026-10-22T10:45:00Z", merge=False)  # open: not recorded
+    fake.add_pull(7, "organizer", sha("docs"), [{"filename": "docs/RUNBOOK.md", "status": "modified"}])
+    fake.merge(7, "2026-10-22T09:00:00Z")  # an organizer's PR: nothing to record, nothing to say
+    failed = result_doc(pr=8, login="erin", head_sha=sha("head-8"), status="incorrect")
+    merged_and_evaluated(fake, 8, "erin", "2026-10-22T09:30:00Z", doc=resign({**failed, "score": None}))
+    fake.add_pull(9, "fay", sha("head-9"), [{"filename": "submissions/kernel/muse_bf16_proj/fay/submission.py",
+                                             "status": "added"}])
+    fake.merge(9, "2026-10-22T09:45:00Z")  # merged without any evaluation
+    work = clone(origin, tmp_path / "work")
+    assert reconcile(work) == 0
+    captured = capsys.readouterr()
+    assert "recorded 3 merged PRs (#4, #5, #3)" in captured.out
+    assert "#8 was merged although its evaluation (bench run" in captured.err and "says 'incorrect'" in captured.err
+    assert "#9 was merged at head" in captured.err and "(no evaluation at all)" in captured.err
+    assert "#7" not in captured.err
+    assert not [r for r in fake.requests() if re.fullmatch(r"GET /repos/[^ ]+/pulls/\d+", r)], \
+        "the merged pull requests come from one paginated list, never one request each"
+    assert git(origin, "log", "-1", "--format=%s", "main") == "ledger: record #4, #5, #3 (reconcile)"
+    check = clone(origin, tmp_path / "check")
+    records = lg.verify(check)
+    assert [(r["pr"], r["accepted_at"]) for r in records] == [
+        (4, "2026-10-22T10:00:00Z"), (5, "2026-10-22T10:30:00Z"), (3, "2026-10-22T11:00:00Z")]
+    assert all((check / "results/evidence" / f"{r['result_sha256']}.json").is_file() for r in records)
+    assert f"Ledger chain head: `{records[-1]['sha256']}`" in (check / "leaderboard.md").read_text()
+    # again, from the same (now stale) clone: nothing recorded is downloaded again, nothing changes
+    tip, before = head(origin), len(fake.log)
+    assert reconcile(work) == 0
+    assert head(origin) == tip
+    recorded_runs = [r["id"] for r in fake.runs if r["display_title"].startswith(("bench #3 ", "bench #4 ", "bench #5 "))]
+    downloads = [r for r in fake.requests()[before:] if "/artifacts" in r]
+    assert downloads and not any(f"/runs/{i}/" in r for r in downloads for i in recorded_runs), downloads
+
+
+def test_a_merge_whose_ledger_run_was_cancelled_is_recorded_by_the_next_run(origin, tmp_path, fake):
+    """GitHub cancels a pending ledger run when another queues: the one that runs records both."""
+    work = clone(origin, tmp_path / "work")
+    merged_and_evaluated(fake, 3, "alice", "2026-10-22T10:00:00Z")
+    merged_and_evaluated(fake, 4, "bob", "2026-10-22T10:01:00Z")
+    assert reconcile(work, "--pr", "4") == 0  # the run of #4's merge; #3's was cancelled
+    assert [r["pr"] for r in lg.verify(clone(origin, tmp_path / "check"))] == [3, 4]
+
+
+def test_reconcile_names_what_it_cannot_record_and_records_the_rest(origin, tmp_path, fake, capsys):
+    merged_and_evaluated(fake, 3, "alice", "2026-10-22T10:00:00Z")
+    tampered = result_doc(pr=4, login="bob", head_sha=sha("head-4"))
+    tampered["score"]["speedup"] = 9.0
+    merged_and_evaluated(fake, 4, "bob", "2026-10-22T10:05:00Z", doc=tampered)
+    fake.add_pull(5, "carol", sha("head-5"), [{"filename": "submissions/kernel/muse_bf16_proj/carol/submission.py",
+                                               "status": "added"}])
+    fake.add_run(f"bench #5 @carol {sha('an-earlier-head')}", "2026-10-22T08:00:00Z")
+    fake.merge(5, "2026-10-22T10:10:00Z")
+    work = clone(origin, tmp_path / "work")
+    assert reconcile(work, "--pr", "5") == 1
+    err = capsys.readouterr().err
+    assert "#4: the result of bench run" in err and "changed after signing" in err
+    assert "#5 was merged at head" in err and "the merged head must be the evaluated one" in err
+    assert "#5 is not recorded" in err and "everything else was recorded and pushed" in err
+    assert [r["pr"] for r in lg.verify(clone(origin, tmp_path / "check"))] == [3]
+
+
+def test_reconcile_needs_github(origin, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    assert reconcile(clone(origin, tmp_path / "work")) == 2
+    assert "$GITHUB_REPOSITORY" in capsys.readouterr().err
