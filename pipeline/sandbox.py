@@ -53,7 +53,10 @@ Interface (what the evaluator calls):
     SandboxUnavailable(RuntimeError)              # isolate=True where isolation cannot be had
     SandboxError(RuntimeError)                    # this sandbox could not be set up (a bad path, ...)
     Sandbox(argv, *, policy, readable, env, pass_fds=(), stdout=None, stderr=None,
-            device="cpu", cwd_scratch=True, hidden=())                    # starts it
+            device="cpu", cwd_scratch=True, hidden=(), scratch_base=None)  # starts it
+        argv and env values may hold SCRATCH_TOKEN ("{scratch}"): replaced by the scratch's path, which
+        is /tmp when isolated and a new folder in `scratch_base` (default: $TMPDIR) when plain.
+        `hidden`: paths inside a bound tree to cover with an empty read-only folder (or /dev/null).
         .scratch: Path        the writable folder as the command sees it (/tmp when isolated)
         .host_scratch: Path   the same folder as this process reaches it (while the sandbox lives;
                               open what you find there with O_NOFOLLOW: the command owns the folder)
@@ -109,6 +112,7 @@ SYSCALLS = {
 }
 
 SCRATCH = "/tmp"  # the scratch as the command sees it: /tmp itself, so nothing has to be told twice
+SCRATCH_TOKEN = "{scratch}"  # in argv and env values: replaced by the scratch's path before the start
 EXIT_SETUP = 125  # the launcher or init failed before the command ran (the report pipe says why)
 
 
@@ -248,8 +252,9 @@ def _launcher_main(spec_fd: int) -> int:
         import _signal  # the builtin half of `signal`: no enum import on every start
 
         sig = os.WTERMSIG(status)
-        _signal.signal(sig, _signal.SIG_DFL)
-        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [sig])
+        if sig not in (_signal.SIGKILL, _signal.SIGSTOP):  # these two have no handler to reset
+            _signal.signal(sig, _signal.SIG_DFL)
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
         return 128 + sig  # a signal we cannot die of (none such at termination): the shell's convention
     return EXIT_SETUP
@@ -906,7 +911,7 @@ class Sandbox:
     def __init__(self, argv: list[str], *, policy: Policy, readable: list[Path], env: dict[str, str],
                  pass_fds: tuple[int, ...] = (), stdout: int | None = None, stderr: int | None = None,
                  device: str = "cpu", cwd_scratch: bool = True, hidden: list[Path] = (),
-                 _probing: bool = False):
+                 scratch_base: Path | None = None, _probing: bool = False):
         argv = [os.fspath(a) for a in argv]
         if not argv:
             raise ValueError("an empty argv")
@@ -937,6 +942,11 @@ class Sandbox:
             raise SandboxUnavailable(f"isolation required but unavailable: {why}")
         self.isolated = ok
         self.reason = why
+        # The scratch must be known before the command starts (it goes into HOME, TMPDIR, argv...): the
+        # caller writes SCRATCH_TOKEN where it belongs, in argv or env values, and gets the real path.
+        self.scratch = Path(SCRATCH) if ok else Path(tempfile.mkdtemp(prefix="muse-sandbox-", dir=scratch_base))
+        argv = [a.replace(SCRATCH_TOKEN, str(self.scratch)) for a in argv]
+        env = {k: v.replace(SCRATCH_TOKEN, str(self.scratch)) for k, v in env.items()}
         if ok:
             self._start_isolated(argv, readable, env, tuple(pass_fds), stdout, stderr, cwd_scratch, hidden)
         else:
@@ -947,7 +957,6 @@ class Sandbox:
     def _start_isolated(self, argv, readable, env, pass_fds, stdout, stderr, cwd_scratch, hidden) -> None:
         self._plan = plan(readable, env, self.device, hidden)
         self.uid = self.gid = _claim_id()
-        self.scratch = Path(SCRATCH)
         spec = {
             "argv": argv, "env": dict(env), "uid": self.uid, "gid": self.gid,
             "pass_fds": list(pass_fds), "ops": [tuple(s) for s in self._plan["steps"]],
@@ -1021,7 +1030,6 @@ class Sandbox:
     def _start_plain(self, argv, env, pass_fds, stdout, stderr, cwd_scratch) -> None:
         become_subreaper()
         self._keep = children()
-        self.scratch = Path(tempfile.mkdtemp(prefix="muse-sandbox-"))
         limits = _rlimits(self.policy.limits, self.device, own_uid=False)
 
         def apply() -> None:  # between fork and exec; setrlimit only (async-signal-safe in practice)
@@ -1069,7 +1077,7 @@ class Sandbox:
         return code
 
     def processes(self) -> list[int]:
-        """Host pids of every process of this sandbox alive now (zombies included)."""
+        """Host pids of every process of this sandbox alive now (a zombie is not: it holds nothing)."""
         if self.isolated:
             if self._pidns is None:
                 return []
@@ -1077,14 +1085,15 @@ class Sandbox:
             for entry in os.listdir("/proc"):
                 if entry.isdigit():
                     try:
-                        if os.readlink(f"/proc/{entry}/ns/pid") == self._pidns:
-                            found.append(int(entry))
+                        if os.readlink(f"/proc/{entry}/ns/pid") != self._pidns:
+                            continue
                     except OSError:
-                        pass
+                        continue
+                    fields = _stat_fields(entry)
+                    if fields and fields[0] != "Z":
+                        found.append(int(entry))
             return found
-        if self._proc.poll() is None:
-            return [self.pid] + [p for p in _group_members(self.pid) if p != self.pid]
-        return _group_members(self.pid)
+        return [p for p in _group_members(self.pid) if (_stat_fields(p) or ["Z"])[0] != "Z"]
 
     def _inner_pid(self, host_pid: int) -> int | None:
         try:
@@ -1121,6 +1130,13 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 self._proc.kill()  # the init is gone with it (PR_SET_PDEATHSIG)
                 self._proc.wait()
+        if self._pidfd is not None:
+            # A launcher killed by someone else orphans the init; where this process is a subreaper the
+            # init's zombie is ours to reap (waitid on the pidfd: that process and no other).
+            try:
+                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+            except (ChildProcessError, OSError, AttributeError):
+                pass
         self._finished(self._proc.returncode)
         deadline = time.monotonic() + 10
         while (left := self.processes()) and time.monotonic() < deadline:
