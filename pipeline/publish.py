@@ -45,6 +45,8 @@ DEFAULT_AUTHOR = "muse-pipeline[bot] <muse-pipeline[bot]@users.noreply.github.co
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 # how far back find-result looks for the bench run of a merged head (a competition lasts weeks)
 LOOKBACK_DAYS = 60
+# the artifact of a bench run that holds its signed result.json (bench.yml's sign job uploads it)
+RESULT_ARTIFACT = "result"
 
 
 class PublishError(RuntimeError):
@@ -415,7 +417,7 @@ def find_evaluated(gh, args: argparse.Namespace, recorded: set[tuple[int, str]],
             continue
         run = max(done, key=lambda r: (r.created_at, r.id))
         try:
-            data = gh.artifact(run.id, "result", "result.json", MAX_BYTES)
+            data = gh.artifact(run.id, RESULT_ARTIFACT, "result.json", MAX_BYTES)
         except GitHubError as exc:
             problems.append(f"#{p.number}: {exc}; re-run its evaluation (label the head with run-eval)")
             continue

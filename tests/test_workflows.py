@@ -27,7 +27,10 @@ SHA_PIN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+@[0-9a-f]{40}$")
 # table, each for least privilege: report and ledger also read `actions` (to download the bench run's
 # artifact, which a token without it cannot); ledger and snapshot push with the project's App token
 # (GITHUB_TOKEN can never pass main's ruleset), so their workflow token keeps `contents: read`; gate also
-# wakes on opened/reopened, to post the validation verdict within a minute of a PR's opening.
+# wakes on opened/reopened, to post the validation verdict within a minute of a PR's opening; snapshot
+# reads actions and pull requests too (it runs ledger.yml's reconcile: the merged PRs, their bench runs
+# and signed artifacts). bench.yml's second job, `sign`, runs on the signer runner: the Ed25519 private
+# key lives on a host of its own that never runs a submission (runs_on names each job's labels).
 SPEC = {
     "validate.yml": {
         "events": {"pull_request": ["opened", "synchronize", "reopened"]},
@@ -42,7 +45,7 @@ SPEC = {
     "bench.yml": {
         "events": {"workflow_dispatch": None},
         "permissions": {},
-        "runs_on": ["self-hosted", "h200"],
+        "runs_on": {"evaluate": ["self-hosted", "h200"], "sign": ["self-hosted", "signer"]},
     },
     "report.yml": {
         "events": {"workflow_run": ["completed"]},
@@ -58,7 +61,7 @@ SPEC = {
     },
     "snapshot.yml": {
         "events": {"schedule": None, "workflow_dispatch": None},
-        "permissions": {"contents": "read"},
+        "permissions": {"actions": "read", "contents": "read", "pull-requests": "read"},
         "runs_on": "ubuntu-24.04",
         "environment": "ledger",
     },
@@ -107,7 +110,8 @@ def test_triggers_permissions_runners_as_the_spec_table(name):
     assert isinstance(doc.get("permissions"), dict), f"{name}: workflow-level permissions must be explicit"
     for job_id, job in doc["jobs"].items():
         assert effective_permissions(doc, job) == spec["permissions"], f"{name}/{job_id}"
-        assert job["runs-on"] == spec["runs_on"], f"{name}/{job_id}: runs-on {job['runs-on']}"
+        runs_on = spec["runs_on"][job_id] if isinstance(spec["runs_on"], dict) else spec["runs_on"]
+        assert job["runs-on"] == runs_on, f"{name}/{job_id}: runs-on {job['runs-on']}"
         assert job.get("environment") == spec.get("environment"), f"{name}/{job_id}: environment"
         assert isinstance(job.get("timeout-minutes"), int), f"{name}/{job_id}: needs a timeout"
     if "concurrency" in spec:
@@ -124,9 +128,73 @@ def test_only_bench_reaches_the_gpu_runner_and_only_by_dispatch():
     assert list(bench["on"]) == ["workflow_dispatch"]
     assert bench["permissions"] == {} and all("permissions" not in j for j in bench["jobs"].values())
     text = (WORKFLOWS / "bench.yml").read_text()
-    assert "secrets." not in text, "the signing key lives on the runner host, never in a GitHub secret"
-    (job,) = bench["jobs"].values()
-    assert job["if"] == "github.ref == 'refs/heads/main'"
+    assert "secrets." not in text, "the signing key lives on the signer host, never in a GitHub secret"
+    assert sorted(bench["jobs"]) == ["evaluate", "sign"]
+    for job in bench["jobs"].values():
+        assert job["if"] == "github.ref == 'refs/heads/main'"
+
+
+def _runs(job: dict) -> str:
+    return "\n".join(s.get("run", "") for s in job.get("steps", []))
+
+
+def test_signing_is_a_job_of_its_own_on_the_signer_from_a_pristine_checkout():
+    """The GPU host evaluates and uploads the result unsigned; only the signer's job, on a host of its
+    own, from a fresh checkout of main, signs, after `sign` has checked the result as data against the
+    dispatch's inputs; report and the reconcile read the artifact that job uploads."""
+    from pipeline.publish import RESULT_ARTIFACT
+
+    jobs = load("bench.yml")["jobs"]
+    evaluate, sign = jobs["evaluate"], jobs["sign"]
+    assert sign["needs"] == "evaluate"
+    assert "python -m pipeline sign" not in _runs(evaluate) and "python -m pipeline sign" in _runs(sign)
+    assert "pipeline evaluate" not in _runs(sign) and "fetch-submission" not in _runs(sign)
+    uploads = {job_id: [st["with"]["name"] for st in job["steps"] if st.get("uses", "").startswith(
+        "actions/upload-artifact@")] for job_id, job in jobs.items()}
+    assert uploads == {"evaluate": ["unsigned-result"], "sign": [RESULT_ARTIFACT]}
+    (download,) = [st for st in sign["steps"] if st.get("uses", "").startswith("actions/download-artifact@")]
+    assert download["with"]["name"] == "unsigned-result" and "runner.temp" in download["with"]["path"]
+    (checkout,) = [st for st in sign["steps"] if st.get("uses", "").startswith("actions/checkout@")]
+    assert checkout["with"] == {"persist-credentials": False}
+    (call,) = [argv for where, argv in all_calls() if where.startswith("bench.yml/sign/") and argv[0] == "sign"]
+    assert {"--out", "--pr", "--head-sha", "--login", "--blob-sha", "--problem"} <= set(call)
+    report = [st for _, _, st in steps(load("report.yml")) if st.get("uses", "").startswith("actions/download-artifact@")]
+    assert [st["with"]["name"] for st in report] == [RESULT_ARTIFACT]
+
+
+def test_no_workflow_holds_anything_that_can_sign():
+    """Verification needs only the committed public keys: no signing key, HMAC secret or key file in any
+    workflow; the only secret anywhere is the App's key that pushes the ledger."""
+    for name in SPEC:
+        text = yaml.safe_dump(load(name))  # what the workflow does, without its comments
+        assert "PIPELINE_RESULT_KEY" not in text and "SIGNING_KEY" not in text and "--key-file" not in text, name
+        assert set(re.findall(r"secrets\.(\w+)", text)) <= {"PIPELINE_APP_PRIVATE_KEY"}, name
+
+
+def test_the_official_evaluation_runs_as_root_through_one_sudo_rule():
+    """Isolating the submission needs root (namespaces, a uid of its own): the evaluate step is the one
+    place a workflow uses sudo, non-interactively, for exactly `python -m pipeline evaluate --official`
+    with the interpreter the RUNBOOK's sudoers rule names."""
+    found = []
+    for name in SPEC:
+        for job_id, _, step in steps(load(name)):
+            for line in step.get("run", "").replace("\\\n", " ").splitlines():
+                if "sudo" in line:
+                    found.append((name, job_id, line.strip()))
+    assert len(found) == 1, found
+    name, job_id, line = found[0]
+    assert (name, job_id) == ("bench.yml", "evaluate")
+    assert line.startswith(f"sudo -n {SUDO_PYTHON} -m pipeline evaluate --official ")
+    runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
+    assert f"NOPASSWD: {SUDO_PYTHON} -m pipeline evaluate --official *" in runbook
+
+
+def test_ledger_and_snapshot_runs_each_record_every_missing_merge():
+    """GitHub keeps one pending run per concurrency group and cancels the rest: both workflows that
+    write the ledger run the reconcile, never a verb that records only the PR that triggered them."""
+    for name in ("ledger.yml", "snapshot.yml"):
+        calls = [argv for where, argv in all_calls() if where.startswith(name)]
+        assert [argv[:2] for argv in calls] == [["publish", "reconcile"]], (name, calls)
 
 
 @pytest.mark.parametrize("name", sorted(SPEC))
@@ -214,7 +282,10 @@ def test_bench_inputs_and_title_are_what_the_gate_dispatches_and_finds():
 
 # ---- every `python -m pipeline` call parses against the real verbs ----
 
-PLACEHOLDERS = {"PR": "7", "HEAD_SHA": "0" * 40, "MERGED_AT": "2026-10-22T10:00:00Z", "LOGIN": "alice"}
+PLACEHOLDERS = {"PR": "7", "HEAD_SHA": "0" * 40, "MERGED_AT": "2026-10-22T10:00:00Z", "LOGIN": "alice",
+                "BLOB_SHA": "1" * 40, "PROBLEM": "muse_bf16_proj"}
+# the interpreter the runner's sudoers rule allows (docs/RUNBOOK.md, "The GPU runner")
+SUDO_PYTHON = "/opt/muse/venv/bin/python"
 
 
 def pipeline_calls(script: str) -> list[list[str]]:
@@ -222,6 +293,8 @@ def pipeline_calls(script: str) -> list[list[str]]:
     calls = []
     for line in text.splitlines():
         line = line.strip()
+        if line.startswith(f"sudo -n {SUDO_PYTHON} -m pipeline"):
+            line = "python" + line[len(f"sudo -n {SUDO_PYTHON}"):]
         if not line.startswith("python -m pipeline"):
             continue
         line = line.split("||")[0]
@@ -264,8 +337,7 @@ def all_calls() -> list[tuple[str, list[str]]]:
 
 def test_the_deciding_steps_are_pipeline_verbs():
     called = {argv[0] + (f" {argv[1]}" if argv[0] == "publish" else "") for _, argv in all_calls()}
-    assert called >= {"validate", "gate", "fetch-submission", "evaluate", "sign", "post-result", "find-result",
-                      "publish ledger", "publish snapshots"}
+    assert called >= {"validate", "gate", "fetch-submission", "evaluate", "sign", "post-result", "publish reconcile"}
 
 
 @pytest.mark.parametrize("where,argv", all_calls(), ids=[w for w, _ in all_calls()])
