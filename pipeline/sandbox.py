@@ -4,8 +4,10 @@ run a stranger's command so that it can reach nothing that judges it.
 As root, where the kernel lets us, a `Sandbox` runs its command
 - as a uid and gid of its own, picked at random for this sandbox in a high range and checked free (in no
   passwd or group entry, no subordinate-id range, no running process); no supplementary groups,
-  no_new_privs, every capability set (bounding, inheritable, ambient included) empty. RLIMIT_NPROC then
-  bounds what this sandbox alone can fork, since nothing else ever runs as that uid;
+  no_new_privs, every capability set (bounding, inheritable, ambient included) empty, and a seccomp
+  filter that refuses new user namespaces (inside one an unprivileged process regains capabilities over
+  network and mount namespaces of its own: the usual door to a kernel privilege escalation).
+  RLIMIT_NPROC then bounds what this sandbox alone can fork, since nothing else ever runs as that uid;
 - in new PID, network, IPC and mount namespaces. Every descendant dies with the namespace's pid 1 however
   deep or detached, and `kill()` returns only once the host's /proc shows nothing left in that pid
   namespace. The network is one loopback, left down: nothing, not even the host's 127.0.0.1 or its
@@ -68,7 +70,7 @@ Interface (what the evaluator calls):
                               processes killed beyond the command itself
         .processes() -> list[int]   host pids of what is alive in the sandbox now
         .describe() -> dict   {"isolation": "namespaces"|"none", "uid", "gid", "reason", "limits",
-                               "namespaces", "scratch", "readable", "warnings"}
+                               "namespaces", "seccomp", "scratch", "readable", "warnings"}
         context manager: kill() on exit
     OutputTail(fd, keep=64 KiB)   drains a pipe in a thread, keeps its last bytes (.text(limit), .total)
     plan(readable, env, device, hidden=(), cwd=None) -> dict   what would be bound where (for review)
@@ -110,6 +112,15 @@ SYSCALLS = {
     "x86_64": {"pivot_root": 155, "mount_setattr": 442},
     "aarch64": {"pivot_root": 41, "mount_setattr": 442},
 }
+
+# A seccomp filter refuses new user namespaces: inside one, an unprivileged process holds every
+# capability over its own network and mount namespaces, the door to most kernel privilege escalations.
+# clone3 answers ENOSYS (its flags sit in memory a filter cannot read), so libc falls back to clone.
+SECCOMP = {  # arch: (AUDIT_ARCH, clone, unshare, clone3)
+    "x86_64": (0xC000003E, 56, 272, 435),
+    "aarch64": (0xC00000B7, 220, 97, 435),
+}
+CLONE_NEWUSER = 0x10000000
 
 SCRATCH = "/tmp"  # the scratch as the command sees it: /tmp itself, so nothing has to be told twice
 SCRATCH_TOKEN = "{scratch}"  # in argv and env values: replaced by the scratch's path before the start
@@ -169,6 +180,31 @@ class _Libc:
         return self._check(self.lib.prctl(option, c.c_ulong(arg), c.c_ulong(arg3), c.c_ulong(0), c.c_ulong(0)),
                            f"prctl({option})")
 
+    def seccomp_no_userns(self) -> None:
+        """Install the filter above (after no_new_privs, which lets an unprivileged process do so)."""
+        c = self._c
+        arch, nr_clone, nr_unshare, nr_clone3 = SECCOMP[os.uname().machine]
+        ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+        allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+        prog = [
+            (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm),  # another ABI (i386 on x86_64): refuse all
+            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm),  # the x32 ABI: refuse all
+            (jeq, 0, 1, nr_clone3), (ret, 0, 0, enosys),
+            (jeq, 2, 0, nr_clone), (jeq, 1, 0, nr_unshare), (ret, 0, 0, allow),
+            (ld, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER), (ret, 0, 0, eperm), (ret, 0, 0, allow),
+        ]
+
+        class Filter(c.Structure):
+            _fields_ = [("code", c.c_uint16), ("jt", c.c_uint8), ("jf", c.c_uint8), ("k", c.c_uint32)]
+
+        class Prog(c.Structure):
+            _fields_ = [("len", c.c_ushort), ("filter", c.POINTER(Filter))]
+
+        filters = (Filter * len(prog))(*[Filter(*f) for f in prog])
+        fprog = Prog(len(prog), filters)
+        self._check(self.lib.prctl(22, c.c_ulong(2), c.byref(fprog), c.c_ulong(0), c.c_ulong(0)),
+                    "prctl(PR_SET_SECCOMP)")
+
     def capset_none(self) -> None:
         """Empty the effective, permitted and inheritable sets (setresuid leaves the inheritable set)."""
         c = self._c
@@ -207,7 +243,7 @@ def _launcher_main(spec_fd: int) -> int:
     # No core file of ours when we re-raise the command's SIGSEGV on ourselves below.
     import resource
 
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     try:
         libc.unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
     except OSError as exc:
@@ -425,9 +461,14 @@ def _exec_command(spec: dict, libc: _Libc, report: int) -> None:
     _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
     os.setsid()
     for name, value in spec["rlimits"]:
-        # soft and hard: the command cannot raise them again; CPU's hard limit sits a second above.
+        # soft and hard: the command cannot raise them again; CPU's hard limit sits a second above. Never
+        # above the host's hard limit: raising one needs CAP_SYS_RESOURCE, which containers often lack.
         soft, hard = value if isinstance(value, tuple) else (value, value)
-        resource.setrlimit(getattr(resource, name), (soft, hard))
+        which = getattr(resource, name)
+        ceiling = resource.getrlimit(which)[1]
+        if ceiling != resource.RLIM_INFINITY:
+            soft, hard = min(soft, ceiling), min(hard, ceiling)
+        resource.setrlimit(which, (soft, hard))
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last_cap = int(f.read())
     for cap in range(last_cap + 1):  # no file capability or setuid binary can hand anything back
@@ -439,6 +480,8 @@ def _exec_command(spec: dict, libc: _Libc, report: int) -> None:
     libc.capset_none()
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if os.uname().machine in SECCOMP:
+        libc.seccomp_no_userns()
     # Check rather than trust: a kernel or libc surprise here would be a hole, not an error message.
     with open("/proc/self/status") as f:
         status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
@@ -1032,10 +1075,14 @@ class Sandbox:
         self._keep = children()
         limits = _rlimits(self.policy.limits, self.device, own_uid=False)
 
-        def apply() -> None:  # between fork and exec; setrlimit only (async-signal-safe in practice)
+        def apply() -> None:  # between fork and exec: rlimit calls only
             for name, value in limits:
                 soft, hard = value if isinstance(value, tuple) else (value, value)
-                resource.setrlimit(getattr(resource, name), (soft, hard))
+                which = getattr(resource, name)
+                ceiling = resource.getrlimit(which)[1]
+                if ceiling != resource.RLIM_INFINITY:
+                    soft, hard = min(soft, ceiling), min(hard, ceiling)
+                resource.setrlimit(which, (soft, hard))
 
         try:
             self._proc = subprocess.Popen(
@@ -1192,10 +1239,11 @@ class Sandbox:
         if self.isolated:
             return {"isolation": "namespaces", "uid": self.uid, "gid": self.gid, "reason": None,
                     "namespaces": ["pid", "network", "mount", "ipc"], "limits": limits,
+                    "seccomp": "no user namespaces" if os.uname().machine in SECCOMP else None,
                     "scratch": str(self.scratch), "readable": self._plan["readable"],
                     "warnings": self._plan["warnings"]}
         return {"isolation": "none", "uid": os.geteuid(), "gid": os.getegid(), "reason": self.reason,
-                "namespaces": [], "limits": limits, "scratch": str(self.scratch), "readable": None,
+                "namespaces": [], "limits": limits, "seccomp": None, "scratch": str(self.scratch), "readable": None,
                 "warnings": []}
 
     def __enter__(self) -> "Sandbox":
