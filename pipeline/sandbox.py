@@ -37,8 +37,8 @@ this process made a child subreaper and every stray descendant killed by `kill()
 temporary folder) and says why in `describe()`; True raises SandboxUnavailable naming why; False never
 isolates. An official evaluation must refuse a result whose describe() says "none".
 
-How it runs: the parent starts `python -I -S <this file> <fd>` (the *launcher*, stdlib only) with the
-plan in a memfd. The launcher unshares the pid, network and IPC namespaces and forks pid 1 (the *init*),
+How it runs: the parent starts `python -I -S -c BOOT <fd>` (the *launcher*, stdlib only) with the
+first part of this file, compiled once per parent process, and the plan in a memfd. The launcher unshares the pid, network and IPC namespaces and forks pid 1 (the *init*),
 which unshares the mount namespace, assembles the root, mounts /proc, pivots, then forks the command:
 that child sets the rlimits, drops to the uid and execs. The init reaps orphans; when the command ends
 it hands the command's wait status to the launcher and exits, and its exit makes the kernel kill and
@@ -88,8 +88,9 @@ import os
 import sys
 
 # ------------------------------------------------------------------------------------------------------
-# The inside: launcher, init and the command's last steps before exec. This part runs as
-# `python -I -S sandbox.py <fd>` and imports only small builtin modules, lazily: every sandbox pays for it.
+# The inside: launcher, init and the command's last steps before exec. This part runs in the launcher
+# (`python -I -S -c BOOT`, see below) and imports only small builtin modules, lazily: every sandbox pays
+# for it.
 # ------------------------------------------------------------------------------------------------------
 
 CLONE_NEWNS = 0x00020000
@@ -222,23 +223,12 @@ def _report(fd: int, *words: object) -> None:
         pass
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _launcher_main(spec_fd: int) -> int:
+def _launcher_main(spec: dict) -> int:
     """The top process: new pid/net/ipc namespaces, then wait for pid 1 and exit the way the command did."""
-    import marshal
     import select
 
-    spec = marshal.loads(_read_all(spec_fd))
-    os.close(spec_fd)
-    report = spec["report_fd"]
+    report, lifeline = spec["report_fd"], spec["lifeline_fd"]
+    os.set_inheritable(lifeline, False)
     libc = _Libc()
     # No core file of ours when we re-raise the command's SIGSEGV on ourselves below.
     import resource
@@ -258,6 +248,7 @@ def _launcher_main(spec_fd: int) -> int:
         try:
             os.close(alive_w)
             os.close(status_r)
+            os.close(lifeline)
             code = _init_main(spec, libc, report, alive_r, status_w, devnull)
         except BaseException as exc:  # noqa: BLE001 - anything at all must end this process here
             _report(report, "error", "init", getattr(exc, "errno", None) or 0, f"{type(exc).__name__}: {exc}")
@@ -276,6 +267,28 @@ def _launcher_main(spec_fd: int) -> int:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+    # Nothing of the sandbox may outlive the process that started it (an evaluator killed by the
+    # runner's cancel, a crash): the parent alone holds the lifeline's other end, so its death is a
+    # hang-up here, and then pid 1 is killed. (PR_SET_PDEATHSIG would fire when the parent's *thread*
+    # that started us ends, not the parent: it is the fallback where pidfds are missing.)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        pidfd = None
+        libc.prctl(PR_SET_PDEATHSIG, 9)
+        if os.getppid() != spec["parent_pid"]:
+            os.kill(pid, 9)
+    if pidfd is not None:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.register(lifeline, select.POLLIN)
+        while True:
+            ready = dict(poller.poll())
+            if pidfd in ready:
+                break
+            if lifeline in ready:
+                os.kill(pid, 9)  # our child, not yet reaped: its pid cannot name another process
+                poller.unregister(lifeline)
     _, status = os.waitpid(pid, 0)
     told = b""
     if select.select([status_r], [], [], 0)[0]:
@@ -505,9 +518,7 @@ def _exec_command(spec: dict, libc: _Libc, report: int) -> None:
     os.execvpe(argv[0], argv, env)
 
 
-if __name__ == "__main__":
-    # Run as the launcher. Exit here, before the parent-side part below imports what the inside never needs.
-    sys.exit(_launcher_main(int(sys.argv[1])))
+# ---- end of the inside ----
 
 # ------------------------------------------------------------------------------------------------------
 # The outside: the parent's API.
@@ -531,6 +542,29 @@ from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 LAUNCHER = Path(__file__).resolve()
+# The launcher runs the inside part of this file, compiled here once: compiling the whole file in every
+# launcher cost 10-25 ms per sandbox. Read at import, so a checkout updated meanwhile changes nothing.
+_INSIDE_SOURCE = LAUNCHER.read_text().split("# ---- end of the inside ----", 1)[0]
+_INSIDE_CODE = None
+BOOT = (
+    "import marshal, os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "data = b''\n"
+    "while chunk := os.read(fd, 1 << 20):\n"
+    "    data += chunk\n"
+    "os.close(fd)\n"
+    "code, spec = marshal.loads(data)\n"
+    "inside = {'__name__': 'pipeline.sandbox.inside'}\n"
+    "exec(code, inside)\n"
+    "sys.exit(inside['_launcher_main'](spec))\n"
+)
+
+
+def _inside_code():
+    global _INSIDE_CODE
+    if _INSIDE_CODE is None:
+        _INSIDE_CODE = compile(_INSIDE_SOURCE, str(LAUNCHER), "exec")
+    return _INSIDE_CODE
 SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 # The uid range sandboxes draw from: far above login users (1000+), system users, nobody (65534) and
@@ -797,15 +831,23 @@ def _mapped(n: int) -> bool:
 
 
 def _ids_of_processes() -> set[int]:
-    seen = set()
+    """Every real, effective, saved and filesystem uid and gid of a running process (raw reads: this runs
+    at every start, over every process of the host)."""
+    seen: set[int] = set()
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
+        if not entry.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{entry}/status", os.O_RDONLY)
             try:
-                for line in Path(f"/proc/{entry}/status").read_text().splitlines():
-                    if line.startswith(("Uid:", "Gid:")):
-                        seen.update(int(x) for x in line.split()[1:])
-            except (OSError, ValueError):
-                pass
+                data = os.read(fd, 8192)
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        start = data.find(b"\nUid:")
+        for line in data[start:].split(b"\n")[1:3]:  # the Uid: and Gid: lines
+            seen.update(int(x) for x in line.split()[1:] if x.isdigit())
     return seen
 
 
@@ -972,6 +1014,7 @@ class Sandbox:
         self.gid: int | None = None
         self.init_pid: int | None = None
         self._pidfd: int | None = None
+        self._lifeline: int | None = None
         self._pidns: str | None = None
         self._plan: dict | None = None
         self._done = False
@@ -1008,16 +1051,18 @@ class Sandbox:
             "cwd": SCRATCH if cwd_scratch else "/",
         }
         rep_r, rep_w = os.pipe()
-        spec["report_fd"] = rep_w
+        life_r, self._lifeline = os.pipe()  # the write end stays here, in this process only
+        spec.update(report_fd=rep_w, lifeline_fd=life_r, parent_pid=os.getpid())
         # The spec travels in a memfd, not argv: the command would read argv in /proc/<launcher>... (it
         # cannot see the launcher, but nothing of the plan needs to be on any command line).
         memfd = os.memfd_create("sandbox-spec")
         try:
-            os.write(memfd, marshal.dumps(spec))
+            os.write(memfd, marshal.dumps((_inside_code(), spec)))
             os.lseek(memfd, 0, os.SEEK_SET)
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(LAUNCHER), str(memfd)],
-                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, pass_fds=(memfd, rep_w, *pass_fds),
+                [sys.executable, "-I", "-S", "-c", BOOT, str(memfd)],
+                stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                pass_fds=(memfd, rep_w, life_r, *pass_fds),
                 env={}, cwd="/", start_new_session=True, close_fds=True)
         except BaseException:
             os.close(rep_r)
@@ -1026,6 +1071,7 @@ class Sandbox:
         finally:
             os.close(memfd)
             os.close(rep_w)
+            os.close(life_r)
         self.pid = self._proc.pid
         LIVE.add(self.pid)
         try:
@@ -1223,6 +1269,9 @@ class Sandbox:
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
         if self.uid is not None:
             with _CLAIM_LOCK:
                 _CLAIMED.discard(self.uid)

@@ -263,6 +263,49 @@ def test_sigkill_of_the_top_process_kills_the_namespace(isolated):
     os.close(r)
 
 
+def members_of(pidns: str) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") == pidns and Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def test_nothing_outlives_the_process_that_started_it(isolated):
+    # An evaluator killed by the runner (a cancelled job) or crashing must not leave the submission running.
+    parent = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
+        import os, sys, threading
+        sys.path.insert(0, {str(CHECKOUT)!r})
+        from pipeline.sandbox import Policy, Sandbox
+        code = {DETACH!r} + "time.sleep(600)\\n"
+        boxes = []
+        def start():  # from a thread that ends at once: the sandbox must not die with the thread
+            r, w = os.pipe()
+            boxes.append((Sandbox([sys.executable, "-I", "-c", code], policy=Policy(), readable=[], env={{}},
+                                  stdout=w), r))
+        t = threading.Thread(target=start)
+        t.start()
+        t.join()
+        sb, r = boxes[0]
+        os.read(r, 9)
+        print(os.readlink(f"/proc/{{sb.init_pid}}/ns/pid"), flush=True)
+        import time; time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    pidns = parent.stdout.readline().strip()
+    assert pidns.startswith("pid:")
+    time.sleep(0.3)
+    assert len(members_of(pidns)) >= 3  # alive after its starting thread ended: init, command, grandchild
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while members_of(pidns) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert members_of(pidns) == []
+
+
 # ---- the network ----
 
 
