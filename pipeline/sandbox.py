@@ -37,14 +37,16 @@ this process made a child subreaper and every stray descendant killed by `kill()
 temporary folder) and says why in `describe()`; True raises SandboxUnavailable naming why; False never
 isolates. An official evaluation must refuse a result whose describe() says "none".
 
-How it runs: the parent starts `python -I -S -c BOOT <fd>` (the *launcher*, stdlib only) with the
-first part of this file, compiled once per parent process, and the plan in a memfd. The launcher unshares the pid, network and IPC namespaces and forks pid 1 (the *init*),
-which unshares the mount namespace, assembles the root, mounts /proc, pivots, then forks the command:
-that child sets the rlimits, drops to the uid and execs. The init reaps orphans; when the command ends
-it hands the command's wait status to the launcher and exits, and its exit makes the kernel kill and
-reap everything else in the namespace. The launcher then exits the way the command did (the same exit
-code, or killed by the same signal), so `returncode` reads like Popen's. A SIGKILL of the launcher kills
-the init (PR_SET_PDEATHSIG), hence the whole namespace.
+How it runs: the parent starts `python -I -S -c BOOT <fd>` (the *launcher*, stdlib only), handing it the
+first part of this file (compiled once per parent process) and the plan in a memfd. The launcher
+unshares the pid, network and IPC namespaces and forks pid 1 (the *init*), which unshares the mount
+namespace, assembles the root, mounts /proc, pivots, then forks the command: that child sets the rlimits,
+drops to the uid and execs. The init reaps orphans; when the command ends it hands the command's wait
+status to the launcher and exits, and its exit makes the kernel kill and reap everything else in the
+namespace. The launcher then exits the way the command did (the same exit code, or killed by the same
+signal), so `returncode` reads like Popen's. A SIGKILL of the launcher kills the init (PR_SET_PDEATHSIG),
+hence the whole namespace; the death of the parent (a lifeline pipe only the parent holds) makes the
+launcher kill the init, so nothing outlives an evaluator that crashed or was cancelled.
 
 Interface (what the evaluator calls):
 
@@ -60,26 +62,31 @@ Interface (what the evaluator calls):
         is /tmp when isolated and a new folder in `scratch_base` (default: $TMPDIR) when plain.
         `hidden`: paths inside a bound tree to cover with an empty read-only folder (or /dev/null).
         .scratch: Path        the writable folder as the command sees it (/tmp when isolated)
-        .host_scratch: Path   the same folder as this process reaches it (while the sandbox lives;
-                              open what you find there with O_NOFOLLOW: the command owns the folder)
+        .host_scratch: Path   the same folder as this process reaches it: /proc/<init>/root/tmp while
+                              the sandbox lives (the tmpfs ends with the namespace: read results
+                              before the command exits). The command owns the folder: open what is
+                              there with O_NOFOLLOW, a link it planted resolves against the HOST's root
         .pid: int             host pid of the top process (the launcher; the command itself when plain)
         .uid, .gid: int|None  the sandbox's own ids (None when plain)
-        .isolated: bool
+        .init_pid: int|None   host pid of the sandbox's pid 1
+        .isolated: bool; .reason: str|None (why not)
         .poll() -> int|None; .wait(timeout=None) -> int|None   Popen-like returncode, None on timeout
-        .kill() -> int        SIGKILL everything; returns once nothing of it is left; the number of
-                              processes killed beyond the command itself
+        .kill() -> int        SIGKILL everything; returns once nothing of it is left (SandboxError if
+                              something still is after 10 s); the number of processes killed beyond
+                              the command itself (and the init)
+        .close()              kill(), then remove the plain mode's scratch folder
         .processes() -> list[int]   host pids of what is alive in the sandbox now
         .describe() -> dict   {"isolation": "namespaces"|"none", "uid", "gid", "reason", "limits",
                                "namespaces", "seccomp", "scratch", "readable", "warnings"}
-        context manager: kill() on exit
+        context manager: close() on exit. Any thread may start a sandbox (no PR_SET_PDEATHSIG on it).
     OutputTail(fd, keep=64 KiB)   drains a pipe in a thread, keeps its last bytes (.text(limit), .total)
     plan(readable, env, device, hidden=(), cwd=None) -> dict   what would be bound where (for review)
 
 `python -m pipeline sandbox-check [--device cuda]` runs a live probe of all of this and prints one line
 per check.
 
-Stray-descendant limits: `stdout`/`stderr`/`pass_fds` may be shared with descendants of the command;
-they close when the namespace is empty, i.e. no later than `wait()` or `kill()` return.
+Descriptors given to the command (`stdout`, `stderr`, `pass_fds`) may be copied by its descendants; when
+isolated they all close once the namespace is empty, i.e. no later than `wait()` or `kill()` return.
 """
 
 from __future__ import annotations

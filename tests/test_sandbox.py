@@ -649,3 +649,26 @@ def test_root_without_cap_sys_admin_means_no_isolation():
     assert got["ok"] is False and "Operation not permitted" in got["why"], got
     assert "isolation required but unavailable" in got["required"]
     assert got["fallback"]["isolation"] == "none" and got["rc"] == 0
+
+
+# ---- the verb ----
+
+
+def test_sandbox_check_passes_here(isolated):
+    out = subprocess.run([PY, "-c", f"import sys; sys.path.insert(0, {str(CHECKOUT)!r}); from pipeline.__main__ "
+                          "import main; sys.exit(main(['sandbox-check']))"],
+                         capture_output=True, text=True, timeout=180, cwd=CHECKOUT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = [line.split(":")[0].split(None, 1) for line in out.stdout.splitlines() if line[:4] in ("ok  ", "FAIL")]
+    assert [c[1] for c in checks] == ["isolation", "uid", "parent invisible", "network", "writes", "reads",
+                                      "harness imports", "kill"]
+    assert all(c[0] == "ok" for c in checks)
+
+
+def test_sandbox_check_fails_where_isolation_is_refused():
+    got = subprocess.run(["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin", "--", PY, "-c",
+                          f"import sys; sys.path.insert(0, {str(CHECKOUT)!r}); from pipeline.__main__ "
+                          "import main; sys.exit(main(['sandbox-check']))"],
+                         capture_output=True, text=True, timeout=60) if os.geteuid() == 0 else pytest.skip("root")
+    assert got.returncode == 1 and got.stdout.startswith("FAIL  isolation:"), got.stdout + got.stderr
+
