@@ -92,6 +92,9 @@ def _ledger_args(p: argparse.ArgumentParser) -> None:
                        "signed document in results/evidence/; name the first bad record")
     v.add_argument("--allow-unofficial", action="store_true",
                    help="accept unsigned unofficial (CPU) results: a test or demo ledger")
+    v.add_argument("--contains", action="append", default=[], metavar="SHA256",
+                   help="a chain head printed in an earlier leaderboard.md or snapshot: refuse unless the chain "
+                        "still holds it (a history cut short or rewritten does not); repeatable")
     _keyring(v)
     _common(v)
     for kind, verb, text in (("disqualification", "disqualify", "mark a recorded result disqualified"),
@@ -128,6 +131,12 @@ def ledger(args: argparse.Namespace) -> int:
             records = lg.verify_shards(lg.read_shards(args.root), places=places)
             by_key = lg.verify_evidence(args.root, records, keyring, allow_unofficial=args.allow_unofficial,
                                         places=places)
+            held = {r["sha256"]: r["seq"] for r in records}
+            for head in args.contains:
+                if head != lg.GENESIS and head not in held:
+                    return _error(REFUSED, f"the ledger does not verify: the chain no longer holds head {head} "
+                                  f"(it has {len(records)} records, head {lg.chain_head(records)}): records were "
+                                  "removed or rewritten since that head was printed; restore the ledger from git")
             results = sum(1 for r in records if r["kind"] == "result")
             shards = len(lg.read_shards(args.root))
             signed = ", ".join(f"{n} by {kid} ({keyring.keys[kid].name})" for kid, n in sorted(by_key.items()))

@@ -5,7 +5,8 @@ pagination). State is plain data (pulls, files, trees, blobs, comments, labels, 
 workflow runs and their artifacts); every request is logged as "METHOD /path?query" with its JSON body, so tests assert
 the exact requests. Lists are paginated with `Link` headers like GitHub's (`page_size` caps per_page,
 so small pages can be forced). `fail(...)` makes the next matching requests answer an error, before
-or after doing their work (a POST whose answer is lost).
+or after doing their work (a POST whose answer is lost); `hold(...)` keeps matching requests waiting
+(a client to be killed mid-way).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class FakeGitHub:
     blobs_storage: dict[int, bytes] = field(default_factory=dict)  # artifact id -> its zip
     log: list[Logged] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    holds: list[tuple[str, re.Pattern, Any]] = field(default_factory=list)
     run_details: bool = True
 
     def __post_init__(self) -> None:
@@ -196,6 +198,15 @@ class FakeGitHub:
              message: str = "Server Error", after: bool = False) -> None:
         self.faults.append(Fault(method, re.compile(path), status, times, headers or {}, message, after))
 
+    def hold(self, method: str, path: str):
+        """Matching requests wait (up to a minute) until the returned event is set: a client caught in the
+        middle of its work, to be killed there."""
+        import threading
+
+        event = threading.Event()
+        self.holds.append((method, re.compile(path), event))
+        return event
+
     def requests(self) -> list[str]:
         return [repr(entry) for entry in self.log]
 
@@ -210,6 +221,9 @@ class FakeGitHub:
         body = json.loads(request.data) if request.data else None
         self.log.append(Logged(request.method, path + (f"?{query}" if query else ""), body,
                                request.headers.get("Authorization")))
+        for method, pattern, event in self.holds:
+            if method == request.method and pattern.fullmatch(path):
+                event.wait(60)
         fault = next((f for f in self.faults if f.times > 0 and f.method == request.method and f.path.fullmatch(path)),
                      None)
         if fault and not fault.after:

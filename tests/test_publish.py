@@ -53,7 +53,9 @@ def origin(tmp_path) -> Path:
 
 
 def clone(origin: Path, dest: Path) -> Path:
-    git(dest.parent, "clone", "--quiet", str(origin), str(dest))
+    # through git's transport (file://), never by copying the object folder, which a push landing at the
+    # same moment can change under the copy
+    git(dest.parent, "clone", "--quiet", f"file://{origin}", str(dest))
     return dest
 
 
@@ -416,3 +418,78 @@ def test_reconcile_needs_github(origin, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
     assert reconcile(clone(origin, tmp_path / "work")) == 2
     assert "$GITHUB_REPOSITORY" in capsys.readouterr().err
+
+
+def test_a_burst_of_50_merges_with_racing_and_killed_runs_records_each_exactly_once(origin, tmp_path, fake):
+    """50 merges in a burst against one real bare repository: ledger and snapshot runs start while merges
+    land, several at once, each from its own clone, racing for the branch; some are killed (SIGKILL,
+    as a cancelled job is) in the middle of their work. A final run then leaves exactly 50 result records,
+    a chain and evidence that verify."""
+    import os
+    import random
+    import signal
+    import sys
+    import time
+
+    rng = random.Random(11)
+    heads = {pr: merged_and_evaluated(fake, pr, f"c{pr}", "", merge=False) for pr in range(1, 51)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "PYTHONUNBUFFERED": "1"}
+    procs: list[subprocess.Popen] = []
+
+    def start(n: int) -> None:
+        repo = clone(origin, tmp_path / f"runner-{n}")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "publish", "reconcile", "--repo", str(repo), "--now", NOW,
+             "--no-plots", "--backoff", "0.05", "--attempts", "30"], env=env,
+            stdout=open(tmp_path / f"runner-{n}.log", "w"), stderr=subprocess.STDOUT))
+
+    def merge_commits(prs: range) -> None:
+        """The merges themselves land on main too (the submissions' files), racing the ledger's pushes,
+        each wave from a fresh clone (as GitHub merges on its side: nothing keeps a lost commit)."""
+        merger = clone(origin, tmp_path / f"merger-{prs[0]}")
+        for pr in prs:
+            path = merger / f"submissions/kernel/muse_bf16_proj/c{pr}/submission.py"
+            path.parent.mkdir(parents=True)
+            path.write_text(f"# PR {pr}\n")
+            git(merger, "add", "-A")
+            git(merger, "commit", "--quiet", "-m", f"Merge pull request #{pr}")
+        for _ in range(50):
+            git(merger, "fetch", "--quiet", "origin")
+            git(merger, "rebase", "--quiet", "origin/main")
+            if subprocess.run(["git", "push", "--quiet", "origin", "HEAD:main"], cwd=merger,
+                              capture_output=True).returncode == 0:
+                return
+        raise AssertionError("the merges never landed")
+
+    began = time.monotonic()
+    killed = 0
+    for wave in range(5):
+        for pr in range(wave * 10 + 1, wave * 10 + 11):
+            fake.merge(pr, f"2026-10-22T{10 + wave:02d}:{pr % 60:02d}:00Z")
+        merge_commits(range(wave * 10 + 1, wave * 10 + 11))
+        for _ in range(3):
+            start(len(procs))
+        # the first of the three is cancelled in the middle of its work: once it has appended to its
+        # attempt's ledger (before it pushed), or at a random moment before that; the other two race
+        victim, log = procs[-3], tmp_path / f"runner-{len(procs) - 3}.log"
+        deadline = time.monotonic() + rng.uniform(0.5, 3.0)
+        while time.monotonic() < deadline and victim.poll() is None and "appended PR" not in log.read_text():
+            time.sleep(0.01)
+        if victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            killed += 1
+    for p in procs:
+        p.wait(timeout=120)
+    assert killed >= 2, "the burst must include runs killed mid-way"
+    assert sum(p.returncode == 0 for p in procs) >= 8
+    final = clone(origin, tmp_path / "final")
+    assert reconcile(final) == 0
+    check = clone(origin, tmp_path / "check")
+    records = lg.verify(check)
+    assert sorted(r["pr"] for r in records) == list(range(1, 51)), "each merge recorded exactly once"
+    assert {r["pr"]: r["head_sha"] for r in records} == heads
+    assert all((check / "results/evidence" / f"{r['result_sha256']}.json").is_file() for r in records)
+    assert main(["ledger", "verify", "--root", str(check)]) == 0
+    assert all((check / f"submissions/kernel/muse_bf16_proj/c{pr}/submission.py").is_file() for pr in heads), \
+        "no merge was pushed over"
+    assert time.monotonic() - began < 60
