@@ -111,7 +111,7 @@ MNT_DETACH = 2
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP = 1, 24
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 36, 38, 47, 4
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
@@ -545,7 +545,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 LAUNCHER = Path(__file__).resolve()
@@ -572,6 +572,8 @@ def _inside_code():
     if _INSIDE_CODE is None:
         _INSIDE_CODE = compile(_INSIDE_SOURCE, str(LAUNCHER), "exec")
     return _INSIDE_CODE
+
+
 SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 # The uid range sandboxes draw from: far above login users (1000+), system users, nobody (65534) and
@@ -736,8 +738,8 @@ def plan(readable: list, env: dict[str, str], device: str = "cpu", hidden: list 
         for link, target in met:
             links.setdefault(link, target)
         wanted.append((real, not os.path.isdir(real), explicit))
-        mode = os.stat(real).st_mode
-        if explicit and not mode & (0o005 if os.path.isdir(real) else 0o004):
+        need = 0o005 if os.path.isdir(real) else 0o004
+        if explicit and os.stat(real).st_mode & need != need:
             warnings.append(f"{p}: not readable by others on the host, so not by the sandbox's uid either")
 
     def depth(p: str) -> int:
