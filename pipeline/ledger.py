@@ -240,13 +240,15 @@ def result_record(
 
     `workloads` maps each known kernel problem to its workload names; a kernel result must time exactly
     those. `keyring`: the public keys the signature is checked against (default: the repository's);
-    `signature_checked`: the caller already did (verify, which also accepts retired and revoked keys).
-    Raises LedgerRefusal for anything that may not be recorded.
+    `signature_checked`: the caller already validated the document and checked its signature (verify,
+    which also accepts retired and revoked keys). Raises LedgerRefusal for anything that may not be
+    recorded.
     """
     from pipeline.result import ResultError, validate
 
     try:
-        validate(doc)
+        if not signature_checked:
+            validate(doc)
     except ResultError as exc:
         raise LedgerRefusal(f"{source}: {exc}\nOnly a result written by the evaluator can be recorded; "
                             "re-run the evaluation rather than editing its result.") from None
@@ -505,7 +507,12 @@ def verify_evidence(root: Path, records: list[dict[str, Any]], keyring: Any, *, 
                                "restore it from git")
         try:
             doc = signing.loads(raw)
-            validate(doc)
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+            if doc.get("signature") is None:
+                # a signed document was validated by `sign` before it was signed (against the schema of its
+                # day, which a later schema must not overrule); an unsigned one is checked here
+                validate(doc)
         except (ValueError, UnicodeDecodeError, ResultError) as exc:
             raise LedgerBroken(f"{place}: {rel} is not a valid result ({str(exc).splitlines()[0]}); restore it from "
                                "git") from None
@@ -537,6 +544,9 @@ def verify_evidence(root: Path, records: list[dict[str, Any]], keyring: Any, *, 
         except LedgerRefusal as exc:
             raise LedgerBroken(f"{place}: the record does not belong to its signed result: "
                                f"{str(exc).splitlines()[0]}") from None
+        except (KeyError, TypeError, AttributeError) as exc:  # a signed document of a shape no signer writes
+            raise LedgerBroken(f"{place}: {rel} is not a result this ledger can read ({type(exc).__name__}: {exc})"
+                               ) from None
         differ = sorted(k for k in set(body) | set(expected) if body.get(k, ...) != expected.get(k, ...))
         if differ:
             raise LedgerBroken(f"{place}: {', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from its signed "
