@@ -245,6 +245,8 @@ def reconcile_steps(args: argparse.Namespace, found: list["Evaluated"], outcome:
                 continue
             recorded.add((e.pr, e.head_sha))
             outcome["appended"].append(e)
+        if outcome["appended"]:  # nothing is pushed that `ledger verify` would refuse: chain, evidence, signatures
+            _run_verb(["ledger", "verify", "--root", str(root)])
         _run_verb(["board", "--root", str(root), *board_opts])
         _run_verb(["snapshots", "--root", str(root), *snapshot_opts])
 

@@ -152,6 +152,13 @@ def test_unsigned_and_foreign_key_results_are_refused(doc, keyring):
         signing.verify(forged, keyring)
 
 
+def test_the_committed_keyring_loads(monkeypatch):
+    monkeypatch.delenv(signing.KEYRING_ENV, raising=False)
+    ring = signing.load_keyring()
+    assert Path(ring.directory) == ROOT / "keys" / "runners"
+    assert all(k.key_id.startswith("ed25519:") for k in ring.keys.values())
+
+
 def test_key_ids_are_derived_from_the_public_key(tmp_path):
     assert TEST_KEY.key_id != FOREIGN_KEY.key_id and TEST_KEY.key_id.startswith("ed25519:")
     assert signing.public_key_id(TEST_KEY.public_pem())[0] == TEST_KEY.key_id
