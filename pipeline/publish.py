@@ -290,9 +290,11 @@ def _publish_args(p: argparse.ArgumentParser) -> None:
 def publish_verb(args: argparse.Namespace) -> int:
     """ledger.yml / snapshot.yml: run the ledger verbs on the branch tip, commit, push with a compare-and-swap.
 
-    `publish ledger RESULT.json --pr N --login L --head-sha S --merged-at T` appends the result and
-    regenerates leaderboard.md and the snapshots; `publish snapshots` backfills the snapshots and
-    regenerates the board. When the branch moved, everything is redone on the new tip and pushed again.
+    `publish reconcile [--pr N]` (what both workflows run) records every merged and evaluated PR the
+    ledger lacks, asking GitHub which, and regenerates leaderboard.md and the snapshots; `publish ledger
+    RESULT.json --pr N --login L --head-sha S --merged-at T` appends one result by hand; `publish
+    snapshots` backfills the snapshots and regenerates the board. When the branch moved, everything is
+    redone on the new tip and pushed again.
     """
     if args.attempts < 1 or args.backoff < 0:
         return _error(USAGE, "--attempts must be at least 1 and --backoff not negative")
