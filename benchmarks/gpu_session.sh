@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
-#   bash benchmarks/gpu_session.sh exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush
+#   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -12,8 +12,8 @@ if [ -n "${PACK:-}" ]; then OUT=/tmp/gpu-session; fi
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /root/site .whl/*.whl \
+    && export PYTHONPATH=/root/site
 fi
 export PYTHONUNBUFFERED=1
 step() {  # name, seconds, command...
@@ -26,6 +26,28 @@ step() {  # name, seconds, command...
 }
 for what in "$@"; do
   case $what in
+    # The sandbox with CUDA inside it, the shared device buffers across its namespaces, and one
+    # official-method evaluation of the projection's template through both workers.
+    probe) step sandbox-check 120 python3 -m pipeline sandbox-check --device cuda
+           step transport-gpu 120 python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/test_transport.py
+           step transport-bench 120 python3 benchmarks/transport.py --gb 1.5 --repeats 5 --json "$OUT/transport.json"
+           step probe-eval 200 python3 -m pipeline evaluate problems/muse_bf16_proj/template.py --seeds 2 \
+             --json "$OUT/probe-eval.json" ;;
+    # The baseline submitted against itself, 5 separate evaluations each (issue 11's fidelity target:
+    # every score within [0.997, 1.003], every workload's median spread <= 0.5%).
+    fidelity) step fidelity-proj 280 python3 benchmarks/repeatability.py --as-baseline --problem muse_bf16_proj \
+                --runs 5 --json "$OUT/fidelity-proj.json"
+              step fidelity-moe 420 python3 benchmarks/repeatability.py --as-baseline --problem muse_moe_w4a16 \
+                --runs 5 --json "$OUT/fidelity-moe.json" ;;
+    exploits-gpu) step exploits-gpu 300 python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/exploits/test_exploits.py \
+                    tests/test_transport.py ;;
+    fidelity-proj) step fidelity-proj 280 python3 benchmarks/repeatability.py --as-baseline --problem muse_bf16_proj \
+                     --runs 5 --json "$OUT/fidelity-proj.json" ;;
+    walltime-proj) step walltime-proj 120 python3 benchmarks/official_eval.py --as-baseline --problem muse_bf16_proj \
+                     --timeout 110 --json "$OUT/walltime-proj.json" ;;
+    # Wall time of an official evaluation (8 seeds, every shape) of the two problems above.
+    walltime) step walltime 500 python3 benchmarks/official_eval.py --as-baseline --problem muse_bf16_proj \
+                --problem muse_moe_w4a16 --timeout 240 --json "$OUT/walltime.json" ;;
     exploits) step exploits 260 python3 -m pytest -q -p no:cacheprovider -rA tests/exploits ;;
     tests) step gpu-tests 420 python3 -m pytest -v -m gpu -p no:cacheprovider -rA tests/test_problems.py \
              tests/test_reference_muse_moe_w4a16.py tests/test_reference_layers.py tests/test_reference_muse_attention_decode.py ;;

@@ -37,6 +37,7 @@ def row_line(r: dict) -> str:
             f"{ratio} | {r['fresh_over_rotation']:.3f}; {r['baseline_fresh_over_rotation']:.3f} | {r['wall_s']:.0f} |")
 
 
+# The submission's process reads only its own file: evaluate these with --grant-read reference/.
 AS_BASELINE = '''"""{name}'s own baseline, submitted: benchmarks/official_eval.py --as-baseline."""
 import sys
 
@@ -74,8 +75,9 @@ def main() -> None:
                 Path(submission).write_text(AS_BASELINE.format(folder=ROOT / "reference", name=name))
                 Path(submission).chmod(0o644)
             t0 = time.monotonic()
+            grant = ["--grant-read", str(ROOT / "reference")] if args.as_baseline else []
             proc = subprocess.Popen([sys.executable, "-m", "pipeline", "evaluate", submission, "--problem", name,
-                                     "--seeds", str(args.seeds), "--json", str(out)], cwd=ROOT, text=True,
+                                     "--seeds", str(args.seeds), "--json", str(out), *grant], cwd=ROOT, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
                 stdout, stderr = proc.communicate(timeout=args.timeout)

@@ -50,6 +50,8 @@ def main() -> None:
             cmd = [sys.executable, "-m", "pipeline", "evaluate", args.submission, "--json", str(out), "--seeds", str(args.seeds)]
             if args.problem:
                 cmd += ["--problem", args.problem]
+            if args.as_baseline:
+                cmd += ["--grant-read", str(ROOT / "reference")]
             for name in args.shape or []:
                 cmd += ["--shape", name]
             t0 = time.monotonic()
@@ -71,7 +73,14 @@ def main() -> None:
         summary["workloads"][w] = {"medians_us": meds, "spread": max(meds) / min(meds) - 1,
                                    "baseline_medians_us": base, "baseline_spread": max(base) / min(base) - 1,
                                    **{key: [e.get(key) for e in entries] for key in
-                                      ("clocks", "converged", "n", "calls_per_replay", "input_sets", "wall_s")}}
+                                      ("clocks", "converged", "n", "calls_per_replay", "input_sets", "wall_s",
+                                       "baseline_alone_us", "baseline_alone_idle_us", "wall_accounted")}}
+        alone = [e.get("baseline_alone_us") for e in entries]
+        if all(alone):
+            idle = [e.get("baseline_alone_idle_us") or a for e, a in zip(entries, alone)]
+            print(f"{w}: baseline interleaved / alone {', '.join(f'{b / a:.4f}' for b, a in zip(base, alone))}; "
+                  f"/ alone with idle gaps {', '.join(f'{b / a:.4f}' for b, a in zip(base, idle))}; "
+                  f"wall accounted {[e.get('wall_accounted') for e in entries]}")
         ratios = [b / m for b, m in zip(base, meds)]
         summary["workloads"][w]["speedups"] = ratios
         print(f"{w}: speedups {', '.join(f'{r:.4f}' for r in ratios)} (mean {statistics.fmean(ratios):.4f})")

@@ -28,6 +28,12 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--meta", type=Path, metavar="JSON",
                    help="the submission's facts written by fetch-submission (pr, head_sha, login, path, blob_sha); "
                         "recorded in the result after the file's blob SHA is checked against them")
+    p.add_argument("--official", action="store_true",
+                   help="refuse to run unless the result can be official: a CUDA device, the full model, the runner's "
+                        "secret seeds, every shape timed, and the submission's process isolated (root, namespaces)")
+    p.add_argument("--grant-read", type=Path, action="append", default=[], metavar="PATH",
+                   help="also let the submission's process read PATH (benchmarks that submit the reference's own "
+                        "code; never on the runner, and refused with --official)")
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -81,6 +87,8 @@ def evaluate(args: argparse.Namespace) -> int:
         if meta.get("problem") and meta["problem"] != problem.name:
             return _usage(f"--meta names problem {meta['problem']!r}, but the evaluation is for {problem.name!r}")
 
+    if args.official and args.grant_read:
+        return _usage("--grant-read cannot be used with --official: the submission's process sees its own file only")
     options = Options(
         device=args.device,
         model=args.model,
@@ -88,12 +96,20 @@ def evaluate(args: argparse.Namespace) -> int:
         secret=load_secret(),
         timing=not args.no_timing,
         shapes=args.shape,
+        official=args.official,
+        grant_read=[p.resolve() for p in args.grant_read],
         submission_meta={k: meta[k] for k in ("path", "login", "pr", "head_sha") if k in meta},
         progress=lambda line: print(f"[evaluate] {line}", file=sys.stderr, flush=True),
     )
     # A runner that cancels the job (or a harness's timeout) sends SIGTERM: end the evaluation the
     # way an error would, so the submission's process is killed and its GPU memory freed.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.official:
+        from pipeline.kernel.evaluate import official_problem
+
+        why = official_problem(options)
+        if why:
+            return _usage(f"refusing an official evaluation: {why}")
     doc = run_evaluation(args.submission, problem, options)
     print(report.terminal(doc))
     if args.json:

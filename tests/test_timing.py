@@ -63,13 +63,14 @@ def test_calls_per_replay(per_call_us, sets, expected):
     "replay_us, expected",
     [
         (1000.0, 10),  # a replay of about 1 ms: the full block
-        (200.0, 10),  # never more than a block
-        (4000.0, 2),  # 10 ms of replays per round
-        (42_000.0, 1),  # a slow kernel: one replay per round, not 0.4 s x 10
-        (0.0, 10),
+        (200.0, 50),  # short replays: still about 10 ms a block, so the parent's overhead per block stays small
+        (100.0, 64),  # but never more than MAX_BLOCK_REPLAYS
+        (4000.0, 2),  # 10 ms of replays per block
+        (42_000.0, 1),  # a slow kernel: one replay per block, not 0.4 s x 10
+        (0.0, 64),
     ],
 )
-def test_replays_per_round_keep_a_round_near_10_ms(replay_us, expected):
+def test_replays_per_round_keep_a_block_near_10_ms(replay_us, expected):
     assert timing.replays_per_round(replay_us) == expected
 
 

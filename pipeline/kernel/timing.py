@@ -1,6 +1,9 @@
 """The official GPU timing method (kernel-track.md, Timing; docs/TIMING.md says where and why it goes
-further than the spec). Runs inside the child, next to the code it times; the parent fixes the calls
-per replay and the replays per round, and bounds what the child reports with its own wall clock.
+further than the spec). The graphs run inside each target's own worker (the baseline's and the submission's are
+separate processes); the parent fixes the calls per replay and the replays per round, interleaves the
+two workers' blocks, and bounds what each reports with its own wall clock. On a CPU the same method
+runs with `EagerGraph` standing in for a CUDA graph, so every check of the official path is exercised
+by the CPU test suite (the timings themselves are unofficial there).
 
 - R distinct input sets whose total size is >= 20x the L2 (the spec's minimum is 5x; R >= 2): every
   call reads cold data, no zero-write flush leaves dirty lines to be written back during the kernel,
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -28,6 +32,8 @@ MAX_CALLS_PER_GRAPH = 256
 MAX_SETS = 64
 MIN_SAMPLES = 50
 BLOCK = 10
+BLOCK_S = BLOCK * TARGET_REPLAY_S
+MAX_BLOCK_REPLAYS = 64
 MIN_CROSS_PAIRS = 3
 GUARD_CYCLES = 400_000  # about 0.2 ms at the H200's 1980 MHz: far longer than queuing one replay
 REL_HALF_WIDTH = 0.005
@@ -46,8 +52,8 @@ def median_interval(samples: list[float]) -> tuple[float, float]:
     return xs[lo], xs[hi]
 
 
-def converged(samples: list[float]) -> bool:
-    if len(samples) < MIN_SAMPLES:
+def converged(samples: list[float], min_samples: int = MIN_SAMPLES) -> bool:
+    if len(samples) < min_samples:
         return False
     lo, hi = median_interval(samples)
     med = statistics.median(samples)
@@ -113,15 +119,34 @@ class Clocks:
 
 @dataclass
 class Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: Any  # torch.cuda.CUDAGraph, or EagerGraph on a CPU
     calls: int
     outputs: dict[int, Any] = field(default_factory=dict)  # set index -> output of its last call
 
 
-def capture(fn: Callable[[dict], Any], sets: list[dict], calls: int, stream: torch.cuda.Stream,
+class EagerGraph:
+    """A CPU's stand-in for a CUDA graph: `replay` makes the recorded calls again, eagerly, and keeps
+    each set's last output where a graph would have left it."""
+
+    def __init__(self, fn: Callable[[dict], Any], sets: list[dict], calls: int,
+                 prologue: Callable[[dict], None] | None, outputs: dict[int, Any]):
+        self._fn, self._sets, self._calls, self._prologue, self._outputs = fn, sets, calls, prologue, outputs
+
+    def replay(self) -> None:
+        for j in range(self._calls):
+            r = j % len(self._sets)
+            if self._prologue is not None:
+                self._prologue(self._sets[r])
+            self._outputs[r] = self._fn(self._sets[r])
+
+
+def capture(fn: Callable[[dict], Any], sets: list[dict], calls: int, stream: Any = None,
             prologue: Callable[[dict], None] | None = None) -> Graph:
-    g = torch.cuda.CUDAGraph()
     outputs: dict[int, Any] = {}
+    if stream is None:
+        # Like a capture, this runs nothing yet (a cross-check's prologue rewrites the inputs).
+        return Graph(EagerGraph(fn, sets, calls, prologue, outputs), calls, outputs)
+    g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=stream):
         for j in range(calls):
             r = j % len(sets)
@@ -136,7 +161,14 @@ def replays_us(graphs: list[Graph]) -> list[float]:
     of each replay, in order. The guard (a GPU sleep) holds the stream while the host queues every
     replay, so no sample contains the host's launch latency or an idle GPU waiting for it (with one
     synchronised replay per sample, that latency was 1-2% of a 1 ms replay and drifted with the
-    host: docs/TIMING.md)."""
+    host: docs/TIMING.md). On a CPU: each eager replay between two reads of the clock."""
+    if graphs and isinstance(graphs[0].graph, EagerGraph):
+        times = []
+        for g in graphs:
+            t0 = time.perf_counter()
+            g.graph.replay()
+            times.append((time.perf_counter() - t0) * 1e6 / g.calls)
+        return times
     events = [torch.cuda.Event(enable_timing=True) for _ in range(len(graphs) + 1)]
     torch.cuda._sleep(GUARD_CYCLES)
     events[0].record()
@@ -148,16 +180,18 @@ def replays_us(graphs: list[Graph]) -> list[float]:
 
 
 def replays_per_round(replay_us: float) -> int:
-    """BLOCK replays per round when a replay lasts about TARGET_REPLAY_S, fewer (at least one) when
-    the kernel is so slow that even one call per set makes a replay much longer."""
-    return max(1, min(BLOCK, round(BLOCK * TARGET_REPLAY_S * 1e6 / max(replay_us, 1e-3))))
+    """Replays in one block of one target: about BLOCK_S of them (BLOCK replays of a 1 ms replay), at
+    least one for a kernel so slow that even one call per set makes a replay much longer, at most
+    MAX_BLOCK_REPLAYS for one so fast that its replays stay short: each block is a request to that
+    target's worker, timed by the parent, and its overhead must stay a small part of what it times."""
+    return max(1, min(MAX_BLOCK_REPLAYS, round(BLOCK_S * 1e6 / max(replay_us, 1e-3))))
 
 
-def rotation_sets(inputs: dict[str, Any], l2_bytes: int, multiple: float) -> int:
+def rotation_sets(inputs: dict[str, Any], l2_bytes: int, multiple: float, most: int = MAX_SETS) -> int:
     """R, the input sets a timed graph cycles over: enough that together they fill `multiple` times
-    the L2, at least 2, at most MAX_SETS."""
+    the L2, at least 2, at most `most`."""
     nbytes = sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
-    return max(2, min(MAX_SETS, math.ceil(multiple * l2_bytes / max(1, nbytes))))
+    return max(2, min(most, math.ceil(multiple * l2_bytes / max(1, nbytes))))
 
 
 def choose_calls(per_call_us: float, n_sets: int) -> int:

@@ -1,24 +1,34 @@
-"""How tensors cross between the evaluator (parent) and the submission's process (child).
+"""How tensors cross between the evaluator (the parent) and a worker: through buffers the parent owns.
 
-The child runs a stranger's code, so nothing it writes is ever unpickled: a bundle is a JSON header
-(names, dtypes from an allow-list, shapes, byte offsets) followed by the raw bytes of each tensor,
-and the reader checks every size against the file before it touches a byte. Scalars travel in the
-header. Files live in the run's scratch folder (tmpfs where there is room).
+The parent allocates every buffer a worker reads or writes (each call's inputs, the output it hands
+back, the input sets of the timed graphs) in memory it shares with that worker by file descriptor:
+a sealed memfd on the CPU, a CUDA virtual-memory allocation exported as a POSIX file descriptor on a
+GPU (legacy CUDA IPC handles cannot be opened across PID namespaces, and the worker lives in one of
+its own). Descriptors travel over a unix socket with SCM_RIGHTS; a bundle's layout (names, dtypes,
+shapes, offsets, and the scalars) in the JSON request beside them.
+
+Because the buffers are the parent's, the parent judges them itself: after every call it compares
+each input with the pristine copy it kept and reads the in-place outputs (a layer's KV cache) from
+the very buffers it handed over, never from fingerprints or tensors the worker reports. What the
+worker writes back is only raw bytes into an output buffer of the parent's size, which the parent
+reads with the dtype and shape the worker claims, checked against the expected ones.
 """
 
 from __future__ import annotations
 
-import json
+import ctypes
+import fcntl
+import itertools
 import mmap
 import os
-import struct
-from pathlib import Path
+import socket
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-MAGIC = b"MUSEBNDL"
-MAX_HEADER = 1 << 20
+ALIGN = 512  # bytes between tensors in one buffer: vector loads stay aligned
+MAX_LIST = 1 << 20
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -35,14 +45,18 @@ _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-class BundleError(ValueError):
+class TransportError(ValueError):
     pass
 
 
-MAX_LIST = 1 << 20
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TransportError(f"dtype {dtype} is not allowed across the process boundary") from None
 
 
-def _is_number_list(value: Any) -> bool:
+def is_number_list(value: Any) -> bool:
     """Host-side copies of small index tensors (a ragged batch's lengths, as engines keep them) travel
     as flat lists of numbers."""
     return (
@@ -52,180 +66,393 @@ def _is_number_list(value: Any) -> bool:
     )
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers of its element size: equality of these is bit-exact (NaN == NaN)."""
+    return t.view(torch.uint8 if t.dtype == torch.bool else _INT_VIEW[t.element_size()])
+
+
+def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bits, wherever the two live (compared on the device of `a`)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(bits(a.contiguous()), bits(b.to(a.device).contiguous())))
+
+
+# ---- shared memory: the CPU ----
+
+F_ADD_SEALS, F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 1033, 0x0001, 0x0002, 0x0004
+
+
+class _HostMemory:
+    """A memfd, sealed so that its size never changes: a worker cannot truncate it under the parent's
+    mapping (which would be a SIGBUS in the evaluator at its next read)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.fd = os.memfd_create("muse-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.fd, nbytes)
+        fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+        self._map = mmap.mmap(self.fd, nbytes)
+        self.flat = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes)
+
+    def close(self) -> None:
+        self.flat = None
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive somewhere: the mapping goes with the last of them
+            pass
+        _close(self.fd)
+
+
+def _map_host(fd: int, nbytes: int) -> tuple[torch.Tensor, Any]:
+    if os.fstat(fd).st_size < nbytes:
+        raise TransportError(f"a shared buffer holds {os.fstat(fd).st_size} bytes, not the {nbytes} announced")
+    mm = mmap.mmap(fd, nbytes)
+    return torch.frombuffer(mm, dtype=torch.uint8, count=nbytes), mm
+
+
+# ---- shared memory: a CUDA device (the driver's virtual memory management, through ctypes) ----
+
+class _MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _AllocProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", _MemLocation),
+                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", _AllocFlags)]
+
+
+class _AccessDesc(ctypes.Structure):
+    _fields_ = [("location", _MemLocation), ("flags", ctypes.c_int)]
+
+
+_ALLOCATION_PINNED, _HANDLE_POSIX_FD, _LOCATION_DEVICE, _ACCESS_READWRITE = 1, 1, 1, 3
+_DRIVER: Any = None
+
+
+def _driver() -> Any:
+    global _DRIVER
+    if _DRIVER is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        u64 = ctypes.c_ulonglong
+        sigs = {
+            "cuMemGetAllocationGranularity": [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(_AllocProp), ctypes.c_int],
+            "cuMemCreate": [ctypes.POINTER(u64), ctypes.c_size_t, ctypes.POINTER(_AllocProp), u64],
+            "cuMemExportToShareableHandle": [ctypes.c_void_p, u64, ctypes.c_int, u64],
+            "cuMemImportFromShareableHandle": [ctypes.POINTER(u64), ctypes.c_void_p, ctypes.c_int],
+            "cuMemAddressReserve": [ctypes.POINTER(u64), ctypes.c_size_t, ctypes.c_size_t, u64, u64],
+            "cuMemMap": [u64, ctypes.c_size_t, ctypes.c_size_t, u64, u64],
+            "cuMemSetAccess": [u64, ctypes.c_size_t, ctypes.POINTER(_AccessDesc), ctypes.c_size_t],
+            "cuMemUnmap": [u64, ctypes.c_size_t],
+            "cuMemAddressFree": [u64, ctypes.c_size_t],
+            "cuMemRelease": [u64],
+            "cuGetErrorName": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
+        }
+        for name, args in sigs.items():
+            getattr(lib, name).argtypes = args
+            getattr(lib, name).restype = ctypes.c_int
+        _DRIVER = lib
+    return _DRIVER
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        name = ctypes.c_char_p()
+        _driver().cuGetErrorName(result, ctypes.byref(name))
+        raise TransportError(f"{what} failed: {(name.value or b'?').decode()} ({result})")
+
+
+def _prop(device: int) -> _AllocProp:
+    prop = _AllocProp()
+    prop.type = _ALLOCATION_PINNED
+    prop.requestedHandleTypes = _HANDLE_POSIX_FD
+    prop.location = _MemLocation(_LOCATION_DEVICE, device)
+    return prop
+
+
+def _granularity(device: int) -> int:
+    g = ctypes.c_size_t(0)
+    _check(_driver().cuMemGetAllocationGranularity(ctypes.byref(g), ctypes.byref(_prop(device)), 0), "cuMemGetAllocationGranularity")
+    return int(g.value)
+
+
+class _ArrayInterface:
+    """Lets torch wrap a device pointer it did not allocate (zero-copy, through __cuda_array_interface__)."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+                                         "strides": None}
+
+
+class _DeviceMapping:
+    """An allocation mapped into this process's address space, readable and writable by `device`."""
+
+    def __init__(self, handle: int, size: int, device: int, nbytes: int, owner: bool):
+        drv = _driver()
+        self.handle, self.size, self.owner = handle, size, owner
+        ptr = ctypes.c_ulonglong(0)
+        _check(drv.cuMemAddressReserve(ctypes.byref(ptr), size, 0, 0, 0), "cuMemAddressReserve")
+        self.ptr = int(ptr.value)
+        _check(drv.cuMemMap(self.ptr, size, 0, handle, 0), "cuMemMap")
+        access = _AccessDesc(_MemLocation(_LOCATION_DEVICE, device), _ACCESS_READWRITE)
+        _check(drv.cuMemSetAccess(self.ptr, size, ctypes.byref(access), 1), "cuMemSetAccess")
+        self.flat = torch.as_tensor(_ArrayInterface(self.ptr, nbytes), device=f"cuda:{device}")
+
+    def close(self) -> None:
+        if self.ptr is None:
+            return
+        self.flat = None
+        drv = _driver()
+        drv.cuMemUnmap(self.ptr, self.size)
+        drv.cuMemAddressFree(self.ptr, self.size)
+        drv.cuMemRelease(self.handle)
+        self.ptr = None
+
+
+def _current_device() -> int:
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # makes the primary context current on this thread for the driver calls
+    return torch.cuda.current_device()
+
+
+class _DeviceMemory:
+    def __init__(self, nbytes: int):
+        device = _current_device()
+        g = _granularity(device)
+        size = -(-nbytes // g) * g
+        handle = ctypes.c_ulonglong(0)
+        _check(_driver().cuMemCreate(ctypes.byref(handle), size, ctypes.byref(_prop(device)), 0), "cuMemCreate")
+        self._mapping = _DeviceMapping(int(handle.value), size, device, nbytes, owner=True)
+        fd = ctypes.c_int(-1)
+        _check(_driver().cuMemExportToShareableHandle(ctypes.byref(fd), int(handle.value), _HANDLE_POSIX_FD, 0),
+               "cuMemExportToShareableHandle")
+        self.fd, self.nbytes = fd.value, nbytes
+        os.set_inheritable(self.fd, False)
+        self.flat = self._mapping.flat
+
+    def close(self) -> None:
+        self.flat = None
+        self._mapping.close()
+        _close(self.fd)
+
+
+def _map_device(fd: int, nbytes: int) -> tuple[torch.Tensor, Any]:
+    device = _current_device()
+    handle = ctypes.c_ulonglong(0)
+    _check(_driver().cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd), _HANDLE_POSIX_FD),
+           "cuMemImportFromShareableHandle")
+    g = _granularity(device)
+    mapping = _DeviceMapping(int(handle.value), -(-nbytes // g) * g, device, nbytes, owner=False)
+    return mapping.flat, mapping
+
+
+def _close(fd: int) -> None:
     try:
-        return _DTYPE_NAMES[dtype]
-    except KeyError:
-        raise BundleError(f"dtype {dtype} is not allowed across the process boundary") from None
+        os.close(fd)
+    except OSError:
+        pass
 
 
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as a flat uint8 tensor where it lives (no copy when already contiguous)."""
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+# ---- the parent's side ----
+
+_IDS = itertools.count(1)
 
 
-_STAGE_BYTES = 64 << 20
+class Arena:
+    """One buffer the parent owns and shares: `flat` is its bytes as a uint8 tensor on `device`."""
+
+    def __init__(self, nbytes: int, device: str | torch.device):
+        self.device = torch.device(device)
+        self.nbytes = max(int(nbytes), 1)
+        self.id = next(_IDS)
+        self._mem = _DeviceMemory(self.nbytes) if self.device.type == "cuda" else _HostMemory(self.nbytes)
+        self.flat: torch.Tensor = self._mem.flat
+
+    @property
+    def fd(self) -> int:
+        return self._mem.fd
+
+    def spec(self) -> dict[str, Any]:
+        return {"id": self.id, "nbytes": self.nbytes, "device": self.device.type}
+
+    def view(self, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if offset < 0 or offset + nbytes > self.nbytes:
+            raise TransportError(f"{nbytes} bytes at {offset} do not fit a buffer of {self.nbytes}")
+        return self.flat[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    def close(self) -> None:
+        self.flat = None
+        self._mem.close()
 
 
-def write_bundle(path: Path, values: dict[str, Any]) -> None:
-    """The header, then each tensor's bytes. A GPU tensor goes through a small pinned buffer in 64 MB
-    pieces (fast device-to-host copies, no gigabyte-sized host copy; an MoE input set is 1.5 GB and
-    every checked call ships one); a CPU tensor is written from where it lies. (Writing through a
-    mapping of the file instead ran at half the speed of write() on tmpfs: benchmarks/transport.py.)"""
-    entries: dict[str, Any] = {}
-    tensors: list[torch.Tensor] = []
-    offset = 0
+def layout(values: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """Where each value of a bundle goes: tensors at aligned offsets of one buffer per device type,
+    scalars and number lists inline. Returns (entries, bytes needed per device type)."""
+    entries: dict[str, dict[str, Any]] = {}
+    sizes: dict[str, int] = {}
     for name, value in values.items():
         if isinstance(value, torch.Tensor):
-            raw = _flat_bytes(value)
-            entries[name] = {
-                "tensor": True,
-                "dtype": dtype_name(value.dtype),
-                "shape": list(value.shape),
-                "offset": offset,
-                "nbytes": raw.numel(),
-            }
-            tensors.append(raw)
-            offset += raw.numel()
-        elif isinstance(value, (bool, int, float, str)) or value is None or _is_number_list(value):
+            if type(value) is not torch.Tensor:
+                raise TransportError(f"{name}: a {type(value).__name__} cannot cross the process boundary")
+            where = value.device.type
+            offset = -(-sizes.get(where, 0) // ALIGN) * ALIGN
+            nbytes = value.numel() * value.element_size()
+            entries[name] = {"tensor": True, "device": where, "dtype": dtype_name(value.dtype),
+                             "shape": list(value.shape), "offset": offset}
+            sizes[where] = offset + nbytes
+        elif isinstance(value, (bool, int, float, str)) or value is None or is_number_list(value):
             entries[name] = {"tensor": False, "value": list(value) if isinstance(value, tuple) else value}
         else:
-            raise BundleError(f"{name}: cannot send a {type(value).__name__}")
-    text = json.dumps(entries).encode()
-    # A new file, never one found at the path: the other side shares the folder and could have left
-    # a link there to a file of ours (a write through it would overwrite that file).
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(MAGIC + struct.pack("<Q", len(text)) + text)
-        stage: torch.Tensor | None = None
-        for raw in tensors:
-            if not raw.numel():
-                continue
-            if raw.device.type == "cpu":
-                f.write(memoryview(raw.numpy()))
-                continue
-            if stage is None:
-                size = min(_STAGE_BYTES, max(t.numel() for t in tensors if t.device.type != "cpu"))
-                stage = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-            for at in range(0, raw.numel(), stage.numel()):
-                n = min(stage.numel(), raw.numel() - at)
-                stage[:n].copy_(raw[at : at + n])
-                f.write(memoryview(stage[:n].numpy()))
+            raise TransportError(f"{name}: cannot send a {type(value).__name__}")
+    return entries, sizes
 
 
-def read_bundle(path: Path, device: str | torch.device = "cpu", *, writer_trusted: bool = False) -> dict[str, Any]:
-    """Parse a bundle written by either side, trusting nothing in its contents.
+@dataclass
+class Shared:
+    """A bundle of values in buffers the parent owns: `views` are the parent's handles on exactly the
+    memory the worker sees (tensors), or the scalars themselves."""
 
-    `writer_trusted` (the child reading what the parent wrote) maps the file and copies from the map,
-    the faster read (benchmarks/transport.py). A file the child wrote is read with plain reads that
-    count their bytes: the child could cut the file short while it is read, which in a mapping is a
-    SIGBUS that kills the evaluator, and here is a BundleError."""
-    try:  # the file itself, never what a link the other side left at the path points to
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        raise BundleError(f"{path.name}: cannot open it as a plain file ({exc.strerror})") from None
-    size = os.fstat(fd).st_size
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        head = f.read(len(MAGIC) + 8)
-        if len(head) != len(MAGIC) + 8 or head[: len(MAGIC)] != MAGIC:
-            raise BundleError(f"{path.name}: not a tensor bundle")
-        (hlen,) = struct.unpack("<Q", head[len(MAGIC) :])
-        if hlen > MAX_HEADER or hlen > size:
-            raise BundleError(f"{path.name}: header of {hlen} bytes is too large")
-        try:
-            entries = json.loads(f.read(hlen))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BundleError(f"{path.name}: unreadable header: {exc}") from None
-        base = len(MAGIC) + 8 + hlen
-        if not isinstance(entries, dict):
-            raise BundleError(f"{path.name}: header is not an object")
+    entries: dict[str, dict[str, Any]]
+    arenas: dict[str, Arena]
+    views: dict[str, Any] = field(default_factory=dict)
+
+    def spec(self) -> dict[str, Any]:
+        return {"entries": self.entries, "arenas": {k: a.id for k, a in self.arenas.items()}}
+
+    def close(self) -> None:
+        self.views.clear()
+        for a in self.arenas.values():
+            a.close()
+        self.arenas.clear()
+
+
+def share(values: dict[str, Any]) -> Shared:
+    """Copy `values` into new shared buffers (the caller keeps `values` as its pristine copy)."""
+    entries, sizes = layout(values)
+    arenas = {where: Arena(n, values_device(values, where)) for where, n in sizes.items()}
+    shared = Shared(entries, arenas)
+    for name, e in entries.items():
+        if e["tensor"]:
+            view = arenas[e["device"]].view(e["offset"], DTYPES[e["dtype"]], e["shape"])
+            view.copy_(values[name])
+            shared.views[name] = view
+        else:
+            shared.views[name] = e["value"]
+    if "cuda" in arenas:
+        torch.cuda.synchronize()  # the worker must never read a buffer this process is still writing
+    return shared
+
+
+def values_device(values: dict[str, Any], where: str) -> torch.device:
+    for v in values.values():
+        if isinstance(v, torch.Tensor) and v.device.type == where:
+            return v.device
+    return torch.device(where)
+
+
+def output_buffer(nbytes: int, device: str | torch.device) -> Arena:
+    """A buffer for a worker's output: poisoned (NaN bytes) so that nothing stale can pass for an answer."""
+    arena = Arena(nbytes, device)
+    arena.flat.fill_(0xFF)  # 0xFFFF.. is a NaN in every floating dtype
+    return arena
+
+
+def read_output(arena: Arena, claim: Any) -> torch.Tensor | str:
+    """The worker's output as the tensor it says it wrote: its claimed dtype and shape over the bytes of
+    the parent's buffer. A claim that is malformed or does not fit is a message, never a crash."""
+    if not isinstance(claim, dict):
+        return "the worker reported no output"
+    dtype, shape = DTYPES.get(claim.get("dtype")), claim.get("shape")
+    if dtype is None:
+        return f"output dtype {claim.get('dtype')!r} is not allowed"
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < (1 << 40) for d in shape):
+        return f"output shape {shape!r} is malformed"
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes > arena.nbytes or claim.get("too_large"):
+        # Not copied: the shape and dtype alone say what is wrong with it (a tensor without storage).
+        return torch.empty(shape, dtype=dtype, device="meta")
+    return arena.view(0, dtype, shape)
+
+
+def send(sock: socket.socket, payload: bytes, fds: list[int]) -> None:
+    socket.send_fds(sock, [payload], fds)
+
+
+# ---- the worker's side ----
+
+class Mappings:
+    """The buffers a worker has received, by the parent's arena id."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._maps: dict[int, tuple[torch.Tensor, Any]] = {}
+
+    def receive(self, specs: list[dict[str, Any]], fds: list[int]) -> None:
+        if len(specs) != len(fds):
+            for fd in fds:
+                _close(fd)
+            raise TransportError(f"{len(fds)} descriptors arrived for {len(specs)} buffers")
+        for spec, fd in zip(specs, fds):
+            try:
+                if spec["device"] == "cuda":
+                    self._maps[int(spec["id"])] = _map_device(fd, int(spec["nbytes"]))
+                else:
+                    self._maps[int(spec["id"])] = _map_host(fd, int(spec["nbytes"]))
+            finally:
+                _close(fd)
+
+    def flat(self, arena_id: int) -> torch.Tensor:
+        return self._maps[int(arena_id)][0]
+
+    def unpack(self, spec: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for name, e in entries.items():
-            if not isinstance(e, dict):
-                raise BundleError(f"{path.name}: entry {name!r} is malformed")
+        for name, e in spec["entries"].items():
             if not e.get("tensor"):
-                value = e.get("value")
-                if not isinstance(value, (bool, int, float, str)) and value is not None and not _is_number_list(value):
-                    raise BundleError(f"{path.name}: entry {name!r} has a non-scalar value")
-                out[name] = value
+                out[name] = e.get("value")
                 continue
-            dtype = DTYPES.get(e.get("dtype"))
-            shape = e.get("shape")
-            offset, nbytes = e.get("offset"), e.get("nbytes")
-            if dtype is None:
-                raise BundleError(f"{path.name}: {name!r} has a disallowed dtype {e.get('dtype')!r}")
-            if (
-                not isinstance(shape, list)
-                or not all(isinstance(d, int) and d >= 0 for d in shape)
-                or not isinstance(offset, int)
-                or not isinstance(nbytes, int)
-                or offset < 0
-            ):
-                raise BundleError(f"{path.name}: {name!r} has a malformed shape or offset")
+            flat = self.flat(spec["arenas"][e["device"]])
+            dtype = DTYPES[e["dtype"]]
             numel = 1
-            for d in shape:
+            for d in e["shape"]:
                 numel *= d
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            if numel * itemsize != nbytes or base + offset + nbytes > size:
-                raise BundleError(f"{path.name}: {name!r} claims {nbytes} bytes that the file does not hold")
-            if nbytes == 0:
-                out[name] = torch.empty(shape, dtype=dtype, device=device)
+            nbytes = numel * torch.empty((), dtype=dtype).element_size()
+            out[name] = flat[e["offset"] : e["offset"] + nbytes].view(dtype).reshape(e["shape"])
+        return out
+
+    def drop(self, ids: list[int]) -> None:
+        for i in ids:
+            entry = self._maps.pop(int(i), None)
+            if entry is None:
                 continue
-            if writer_trusted:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-                raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=base + offset)
-                # To a GPU: one host-to-device copy straight from the map. On the CPU: a copy of
-                # its own (the tensor must outlive the map).
-                t = raw.clone() if torch.device(device).type == "cpu" else raw.to(device)
-                del raw  # the mmap cannot close while a tensor still exports it
-                mm.close()
-                out[name] = t.view(dtype).reshape(shape)
-                continue
-            t = torch.empty(nbytes, dtype=torch.uint8)
-            view = memoryview(t.numpy()).cast("B")
-            f.seek(base + offset)
-            got = 0
-            while got < nbytes:  # one read returns at most about 2 GB on Linux
-                n = f.readinto(view[got:])
-                if not n:
-                    raise BundleError(f"{path.name}: {name!r} ends after {got} of its {nbytes} bytes")
-                got += n
-            del view
-            out[name] = t.view(dtype).reshape(shape).to(device)
-    return out
+            _, handle = entry
+            del entry
+            if isinstance(handle, mmap.mmap):
+                try:
+                    handle.close()
+                except BufferError:  # the submission kept a view: the mapping lives as long as it does
+                    pass
+            else:
+                handle.close()
 
 
-_CHUNK = 1 << 24
-
-
-def fingerprint(t: torch.Tensor) -> str:
-    """An exact, order-sensitive digest of a tensor's bits, computed where the tensor lives.
-
-    Integer arithmetic wraps identically on every device and in any reduction order, so the parent
-    (holding the pristine input) and the child (holding the input after the call) get the same
-    value exactly when no bit changed, without shipping the tensor back. The bytes are read as
-    32-bit words where they divide evenly (1.5 GB of int4 MoE weights are 375 M words, not 1.5 G
-    bytes: the digest is taken three times per checked call), element by element otherwise.
-    """
-    flat = t.detach().contiguous().reshape(-1)
-    if flat.dtype == torch.bool:
-        flat = flat.view(torch.uint8)
-    bits = flat.view(_INT_VIEW[flat.element_size()])
-    if flat.element_size() < 4 and (flat.numel() * flat.element_size()) % 4 == 0:
-        try:
-            bits = flat.view(torch.uint8).view(torch.int32)
-        except RuntimeError:  # a storage offset that is not word-aligned: the same bits, aligned
-            bits = flat.clone().view(torch.uint8).view(torch.int32)
-    plain = torch.zeros((), dtype=torch.int64, device=flat.device)
-    weighted = torch.zeros((), dtype=torch.int64, device=flat.device)
-    for start in range(0, bits.numel(), _CHUNK):
-        chunk = bits[start : start + _CHUNK].to(torch.int64)
-        pos = torch.arange(start, start + chunk.numel(), device=flat.device, dtype=torch.int64)
-        plain += chunk.sum()
-        weighted += (chunk * (pos % 1_000_003 + 1) ^ (pos * 0x9E3779B1)).sum()
-    return f"{dtype_name(t.dtype)}:{list(t.shape)}:{int(plain)}:{int(weighted)}"
-
-
-def fingerprints(values: dict[str, Any]) -> dict[str, str]:
-    return {k: fingerprint(v) if isinstance(v, torch.Tensor) else repr(v) for k, v in values.items()}
+def write_output(flat: torch.Tensor, out: torch.Tensor) -> dict[str, Any]:
+    """Copy a worker's output into the parent's buffer and say what was written."""
+    nbytes = out.numel() * out.element_size()
+    claim = {"dtype": dtype_name(out.dtype), "shape": list(out.shape)}
+    if nbytes > flat.numel():
+        return {**claim, "too_large": True}
+    if nbytes:
+        flat[:nbytes].copy_(out.detach().reshape(-1).view(torch.uint8))
+    return claim
