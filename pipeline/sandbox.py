@@ -1480,9 +1480,21 @@ def sandbox_check(args) -> int:
             os.close(w)
         except OSError:
             pass
+    def report(data: bytes) -> dict | None:
+        # stdout and stderr share the pipe: the report is the line that is a JSON object (a warning
+        # printed by the probe's imports, a fork in a process with threads, may come first).
+        for raw in data.splitlines():
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                return doc
+        return None
+
     buf = b""
     deadline = time.monotonic() + 300
-    while b"\n" not in buf and time.monotonic() < deadline:
+    while report(buf) is None and time.monotonic() < deadline:
         if select.select([r], [], [], 1)[0]:
             chunk = os.read(r, 1 << 16)
             if not chunk:
@@ -1490,7 +1502,9 @@ def sandbox_check(args) -> int:
             buf += chunk
     tail = buf.decode("utf-8", "replace")
     try:
-        out = json.loads(buf.splitlines()[-1] if b"\n" not in buf else buf.split(b"\n")[0])
+        out = report(buf)
+        if out is None:
+            raise ValueError("no report")
     except (ValueError, IndexError):
         sb.kill()
         os.close(r)
