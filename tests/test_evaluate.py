@@ -271,3 +271,32 @@ def test_cli_prints_progress_and_sigterm_kills_the_submission(tmp_path):
     finally:
         proc.kill()
         proc.stderr.close()
+
+
+def test_official_refuses_what_cannot_be_official(tmp_path):
+    """--official refuses before anything runs where the result could not be official: on this machine
+    there is no GPU; with --grant-read the submission could read more than its own file."""
+    out = tmp_path / "r.json"
+    refused = cli(ROOT / "problems/muse_bf16_proj/template.py", "--problem", "muse_bf16_proj", "--official",
+                  "--json", out)
+    assert refused.returncode == 2 and "refusing an official evaluation" in refused.stderr, refused.stderr
+    assert not out.exists()
+    granted = cli(ROOT / "problems/muse_bf16_proj/template.py", "--problem", "muse_bf16_proj", "--official",
+                  "--grant-read", ROOT / "reference")
+    assert granted.returncode == 2 and "--grant-read cannot be used with --official" in granted.stderr
+
+
+def test_the_result_says_how_each_worker_was_isolated():
+    from pipeline import sandbox
+
+    plain = evaluate(ROOT / "problems/muse_bf16_proj/template.py", PROJ,
+                     Options(seeds=1, timing=False, sandbox=sandbox.Policy(isolate=False)))
+    assert plain["environment"]["sandbox"]["submission"]["isolation"] == "none"
+    assert plain["environment"]["sandbox"]["submission"]["reason"]
+    assert plain["official"] is False
+    if sandbox.availability()[0]:
+        isolated = evaluate(ROOT / "problems/muse_bf16_proj/template.py", PROJ, Options(seeds=1, timing=True, shapes=["M1"]))
+        for role in ("submission", "baseline"):
+            described = isolated["environment"]["sandbox"][role]
+            assert described["isolation"] == "namespaces" and described["uid"] not in (0, None)
+        assert isolated["environment"]["sandbox"]["submission"]["uid"] != isolated["environment"]["sandbox"]["baseline"]["uid"]
