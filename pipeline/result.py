@@ -72,29 +72,13 @@ def read_data(path: Path, limit: int = MAX_BYTES) -> tuple[bytes, dict[str, Any]
     """A result file that crossed a trust boundary (an artifact, a download), read as data: a regular
     file opened without following a link, bounded in size, strict JSON (pipeline.signing.loads), valid
     by the schema. Returns its exact bytes (what the ledger's evidence keeps) and the document."""
-    import errno
-    import os
-    import stat
-
+    from pipeline.files import UnreadableFile, read_regular_file
     from pipeline.signing import loads
 
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        what = "a link, which is never followed" if exc.errno == errno.ELOOP else exc.strerror
-        raise ResultError(f"{path}: cannot read it as a result ({what}); pass the result.json itself") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ResultError(f"{path}: not a regular file; pass the result.json itself")
-        if st.st_size > limit:
-            raise ResultError(f"{path}: {st.st_size:,} bytes, more than a result may hold ({limit:,})")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            raw = fh.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > limit:
-        raise ResultError(f"{path}: more than {limit:,} bytes")
+        raw, _ = read_regular_file(path, limit)
+    except UnreadableFile as exc:
+        raise ResultError(f"{path}: cannot read it as a result ({exc}); pass the result.json itself") from None
     try:
         doc = loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:

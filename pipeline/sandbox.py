@@ -230,6 +230,19 @@ def _report(fd: int, *words: object) -> None:
         pass
 
 
+def _hold_none_of_the_callers(pass_fds: list[int], devnull: int) -> None:
+    """Close the caller's descriptors and point stdio at /dev/null (the launcher and the init keep
+    none of them, so the caller's pipes see EOF once the namespace is empty)."""
+    for fd in pass_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def _launcher_main(spec: dict) -> int:
     """The top process: new pid/net/ipc namespaces, then wait for pid 1 and exit the way the command did."""
     import select
@@ -266,14 +279,7 @@ def _launcher_main(spec: dict) -> int:
     _report(report, "init", pid, os.readlink("/proc/self/ns/pid_for_children"))
     os.close(report)
     # Hold none of the caller's descriptors: its pipes must see EOF once the namespace is empty.
-    for fd in spec["pass_fds"]:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
+    _hold_none_of_the_callers(spec["pass_fds"], devnull)
     # Nothing of the sandbox may outlive the process that started it (an evaluator killed by the
     # runner's cancel, a crash): the parent alone holds the lifeline's other end, so its death is a
     # hang-up here, and then pid 1 is killed. (PR_SET_PDEATHSIG would fire when the parent's *thread*
@@ -346,14 +352,7 @@ def _init_main(spec: dict, libc: _Libc, report: int, alive_r: int, status_w: int
             _report(report, "error", "exec", getattr(exc, "errno", None) or 0, f"{type(exc).__name__}: {exc}")
         os._exit(127)
     os.close(report)
-    for fd in spec["pass_fds"]:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
+    _hold_none_of_the_callers(spec["pass_fds"], devnull)
     while True:  # pid 1 adopts every orphan of the namespace: reap them so they do not count as processes
         pid, status = os.wait()
         if pid == cmd:

@@ -113,20 +113,12 @@ class SigningKey:
 
 def _read_small_file(path: Path, what: str, fix: str) -> tuple[bytes, os.stat_result]:
     """A regular file read without following a link, bounded in size."""
+    from pipeline.files import UnreadableFile, read_regular_file
+
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise SignatureError(f"cannot read {what} {path}: {exc.strerror}; {fix}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SignatureError(f"{what} {path} is not a regular file; {fix}")
-        if st.st_size > MAX_KEY_FILE:
-            raise SignatureError(f"{what} {path} is {st.st_size} bytes, not a key; {fix}")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(MAX_KEY_FILE + 1), st
-    finally:
-        os.close(fd)
+        return read_regular_file(path, MAX_KEY_FILE)
+    except UnreadableFile as exc:
+        raise SignatureError(f"cannot read {what} {path}: {exc}; {fix}") from None
 
 
 def load_private_key(path: str | os.PathLike | None = None) -> SigningKey:
