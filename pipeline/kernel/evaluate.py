@@ -21,12 +21,10 @@ import os
 import platform
 import secrets
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +38,7 @@ from pipeline.kernel import seeds as seedlib
 from pipeline.kernel import timing
 from pipeline.kernel import transport
 from pipeline.kernel.check import compare
-from pipeline.problems import REPO_ROOT, Problem, Shape, geomean
+from pipeline.problems import Problem, Shape, geomean
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/: the only part of the checkout a worker sees
