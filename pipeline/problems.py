@@ -115,6 +115,49 @@ def load_reference(path: Path, name: str) -> ModuleType:
     return module
 
 
+def reference_sources(path: Path) -> list[Path]:
+    """The reference module and every sibling module of its folder it imports, transitively (the layer
+    references import the smaller problems' building blocks): what the baseline's code is."""
+    import ast
+
+    seen: list[Path] = []
+    todo = [path.resolve()]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.append(current)
+        tree = ast.parse(current.read_bytes())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            for name in names:
+                sibling = current.parent / f"{name.split('.')[0]}.py"
+                if sibling.is_file():
+                    todo.append(sibling.resolve())
+    return sorted(seen)
+
+
+def baseline_identity(problem: "Problem") -> dict[str, Any]:
+    """Which baseline a result was measured against: its name and a sha256 over the source of every
+    file it is made of (path and bytes), so two results compare only when their baselines are the same
+    code."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    files = reference_sources(problem.reference_path)
+    root = problem.reference_path.resolve().parent.parent
+    for f in files:
+        rel = f.relative_to(root).as_posix()
+        data = f.read_bytes()
+        digest.update(f"{rel}\0{len(data)}\0".encode() + data)
+    return {"name": f"reference/{problem.name}.py:baseline", "sha256": digest.hexdigest(),
+            "files": [f.relative_to(root).as_posix() for f in files]}
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text())

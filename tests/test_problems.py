@@ -104,3 +104,24 @@ def test_template_and_baseline_survive_the_official_timing(name):
     for p in doc["performance"]:
         assert p["baseline_median_us"] >= 0.95 * p["floor_us"], p
     assert doc["score"]["run_to_run"] == problem.run_to_run
+
+
+def test_the_baseline_identity_covers_exactly_the_files_it_is_made_of(tmp_path):
+    """A result names its baseline by a hash over the reference module and the sibling modules it
+    imports: changing one of those changes it, changing another problem's reference does not."""
+    import dataclasses
+    import shutil
+
+    from pipeline.problems import REPO_ROOT, baseline_identity
+
+    shutil.copytree(REPO_ROOT / "reference", tmp_path / "reference")
+    layer = dataclasses.replace(load_problem("muse_decode_layer"),
+                                reference_path=tmp_path / "reference" / "muse_decode_layer.py")
+    before = baseline_identity(layer)
+    assert before["files"] == ["reference/_muse_layer.py", "reference/muse_attention_decode.py",
+                               "reference/muse_decode_layer.py", "reference/muse_moe_w4a16.py"]
+    (tmp_path / "reference" / "muse_bf16_proj.py").write_text("# not part of the layer's baseline\n")
+    assert baseline_identity(layer) == before
+    moe = tmp_path / "reference" / "muse_moe_w4a16.py"
+    moe.write_text(moe.read_text() + "\n# a change to a building block\n")
+    assert baseline_identity(layer)["sha256"] != before["sha256"]

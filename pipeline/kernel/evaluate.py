@@ -38,7 +38,7 @@ from pipeline.kernel import seeds as seedlib
 from pipeline.kernel import timing
 from pipeline.kernel import transport
 from pipeline.kernel.check import compare
-from pipeline.problems import Problem, Shape, geomean
+from pipeline.problems import Problem, Shape, baseline_identity, geomean
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/: the only part of the checkout a worker sees
@@ -396,6 +396,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         "flags": [],
         "environment": environment(device),
         "baseline": f"reference/{problem.name}.py:baseline",
+        "baseline_source": baseline_identity(problem),
         "started_at": started,
         "finished_at": started,
         "signature": None,
