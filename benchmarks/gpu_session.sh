@@ -45,6 +45,9 @@ for what in "$@"; do
                      --runs 5 --json "$OUT/fidelity-proj.json" ;;
     walltime-proj) step walltime-proj 120 python3 benchmarks/official_eval.py --as-baseline --problem muse_bf16_proj \
                      --timeout 110 --json "$OUT/walltime-proj.json" ;;
+    # Issue 12: the fused MoE's block configurations on this GPU, written to reference/configs/ (keep the file).
+    tune-moe) step tune-moe 540 python3 benchmarks/tune_fused_moe.py --write --json "$OUT/tune-moe.json"
+              cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null ;;
     # Wall time of an official evaluation (8 seeds, every shape) of the two problems above.
     walltime) step walltime 500 python3 benchmarks/official_eval.py --as-baseline --problem muse_bf16_proj \
                 --problem muse_moe_w4a16 --timeout 240 --json "$OUT/walltime.json" ;;

@@ -263,6 +263,15 @@ def baseline(inputs: dict) -> torch.Tensor:
     return moe_torch(*(inputs[k] for k in _KEYS))
 
 
+def baseline_fused(inputs: dict) -> torch.Tensor:
+    """The fused path SGLang takes (reference/_fused_moe_w4a16.py): aligned by expert on the device,
+    grouped GEMMs with the int4 dequantisation in the kernel, SiLU-and-mul fused. It becomes `baseline`
+    once tuned and measured on the H200 (issue 12)."""
+    from _fused_moe_w4a16 import fused_moe
+
+    return fused_moe(*(inputs[k] for k in _KEYS))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Floor
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import sys
+
 import pytest
 import torch
 
@@ -227,12 +229,12 @@ def _graph_outputs(fn, inputs: dict, fresh: dict) -> tuple[torch.Tensor, torch.T
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("target, M", [("baseline", 1), ("baseline", 32), ("template", 1), ("template", 32),
-                                       ("baseline", 256)])
+                                       ("baseline", 256), ("fused", 1), ("fused", 32), ("fused", 256)])
 def test_cuda_graph_capture_on_the_full_model(target, M):
     """Baseline and template are captured and replayed (the official timing method); the replay follows
     new routing written into the input buffers. M = 256 takes the baseline's grouped path (what the
     prefill layer's baseline runs)."""
-    fn = ref.baseline if target == "baseline" else _template().custom_kernel
+    fn = {"baseline": ref.baseline, "fused": ref.baseline_fused}.get(target) or _template().custom_kernel
     shape = PROBLEM.shape("M1")
     shape.params["M"] = M
     a = ref.make_inputs(shape, 1, "cuda")
@@ -245,3 +247,53 @@ def test_cuda_graph_capture_on_the_full_model(target, M):
     for got, want in ((got_a, want_a), (got_b, want_b)):
         verdict = compare(got, want, tol, expected_dtype=torch.bfloat16)
         assert verdict["passed"], verdict
+
+
+def _fused():
+    sys.path.insert(0, str(PROBLEM.reference_path.parent))
+    import _fused_moe_w4a16
+
+    return _fused_moe_w4a16
+
+
+@pytest.mark.parametrize("routing", ["zipf", "same", "empty_expert"])
+def test_the_alignment_places_every_pair_once_in_blocks_of_one_expert(routing, device):
+    """align_block_size: each (token, expert) pair exactly once, grouped by expert in expert order, each
+    expert's run padded to the block size with the sentinel, every block of one expert, the blocks past
+    the real end marked; all with fixed sizes (what lets a CUDA graph capture it)."""
+    fm = _fused()
+    E, M, topk, bm = 8, 13, 2, 4
+    g = torch.Generator().manual_seed(3)
+    if routing == "same":
+        ids = torch.tensor([[1, 5]] * M)
+    else:
+        ids = torch.stack([torch.randperm(E - (routing == "empty_expert"), generator=g)[:topk] for _ in range(M)])
+    ids = ids.to(torch.int32).to(device)
+    pairs, block_expert, total = fm.align_block_size(ids, E, bm)
+    flat = ids.reshape(-1).cpu().long()
+    pairs, block_expert, total = pairs.cpu().long(), block_expert.cpu().long(), int(total.cpu())
+    n = flat.numel()
+    real = pairs[pairs < n]
+    assert sorted(real.tolist()) == list(range(n))
+    assert pairs.numel() == -(-(n + E * (bm - 1)) // bm) * bm and block_expert.numel() == pairs.numel() // bm
+    counts = torch.bincount(flat, minlength=E)
+    assert total == int(((counts + bm - 1) // bm * bm).sum())
+    assert (pairs[total:] == n).all() and (block_expert[total // bm:] == E).all()
+    for b in range(total // bm):
+        block = pairs[b * bm:(b + 1) * bm]
+        members = block[block < n]
+        assert members.numel() > 0 and (flat[members] == block_expert[b]).all()
+        assert (block[members.numel():] == n).all()  # the padding comes after the pairs
+    assert block_expert[: total // bm].tolist() == sorted(block_expert[: total // bm].tolist())
+
+
+@pytest.mark.parametrize("name", ["M1", "M16", "same_experts_M16", "M64"])
+def test_the_fused_baseline_is_right_with_margin_on_the_smoke_model(name):
+    """The fused path against the reference, on the CPU through Triton's interpreter: within a third of
+    every tolerance (a baseline must pass every shape with margin: kernel-track.md)."""
+    inputs = ref.make_inputs(PROBLEM.shape(name, "smoke"), 5, "cpu")
+    got = ref.baseline_fused(inputs)
+    tol = PROBLEM.tolerances["output"]
+    verdict = compare(got, ref.reference(inputs), tol, expected_dtype=torch.bfloat16)
+    assert verdict["passed"], verdict
+    assert verdict["rel_l2"] <= tol.rel_l2 / 3 and verdict["max_abs"] <= (tol.max_abs or 1) / 3, verdict

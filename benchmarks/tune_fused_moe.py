@@ -1,0 +1,107 @@
+"""Tune the fused W4A16 MoE (reference/_fused_moe_w4a16.py) on the H200 and keep the result as data.
+
+For each workload of muse_moe_w4a16 (full model) and each block configuration of a small grid, the
+fused path is timed as the evaluator times a submission: warm-up calls, one CUDA graph of k calls over
+rotated input sets (each set is 1.5 GB, so every call reads cold weights), replays back to back behind
+a GPU sleep, the median over 1 s. The best configuration per token count is written to
+reference/configs/fused_moe_w4a16.json with the machine it was measured on and this command, so no
+search is ever repeated; the current baseline (moe_torch) and the floor are printed beside it. GPU only.
+
+    python benchmarks/tune_fused_moe.py [--write] [--seconds 0.5] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "reference"))
+
+from pipeline.kernel import timing  # noqa: E402
+from pipeline.kernel.evaluate import device_ceilings, floor_us  # noqa: E402
+from pipeline.problems import load_problem  # noqa: E402
+
+import _fused_moe_w4a16 as fused  # noqa: E402
+
+GRID = {"BM": [16, 32, 64], "BN": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4]}
+KEYS = ("x", "topk_ids", "topk_weights", "w13", "w13_scale", "w2", "w2_scale")
+
+
+def time_us(fn, sets: list[dict], seconds: float) -> float:
+    for s in sets:
+        fn(s)
+    torch.cuda.synchronize()
+    trial = timing.capture(fn, sets, len(sets), torch.cuda.Stream())
+    per_call = min(timing.replays_us([trial] * 3))
+    calls = timing.choose_calls(per_call, len(sets))
+    graph = timing.capture(fn, sets, calls, torch.cuda.Stream())
+    xs: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end or len(xs) < 20:
+        xs.extend(timing.replays_us([graph] * timing.replays_per_round(per_call * calls)))
+    return statistics.median(xs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true", help="write the best configurations to " + str(fused.CONFIGS))
+    ap.add_argument("--seconds", type=float, default=0.5, help="sampling per configuration and workload")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    problem = load_problem("muse_moe_w4a16")
+    ref = problem.reference
+    ceilings = device_ceilings()
+    rows, best = [], {}
+    for shape in problem.shapes("full", kinds=("workload",)):
+        sets = [ref.make_inputs(shape, 100 + r, "cuda") for r in range(2)]
+        floor = floor_us(ref.floor(shape), ceilings)
+        base_us = time_us(ref.baseline, sets, args.seconds)
+        print(f"{shape.name}: baseline (moe_torch) {base_us:,.1f} us, floor {floor:,.1f} us", flush=True)
+        results = []
+        for values in itertools.product(*GRID.values()):
+            cfg = dict(zip(GRID, values))
+            try:
+                us = time_us(lambda s, cfg=cfg: fused.fused_moe(*(s[k] for k in KEYS), config=cfg), sets, args.seconds)
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped
+                print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                continue
+            results.append((us, cfg))
+            print(f"  {cfg}: {us:,.2f} us", flush=True)
+        results.sort(key=lambda r: r[0])
+        us, cfg = results[0]
+        best[shape["M"]] = cfg
+        rows.append({"workload": shape.name, "M": shape["M"], "baseline_us": base_us, "fused_us": us, "floor_us": floor,
+                     "fused_over_floor": us / floor, "config": cfg, "top5": results[:5]})
+        print(f"{shape.name}: best {cfg}: {us:,.2f} us = {us / floor:.2f}x the floor, "
+              f"{base_us / us:.1f}x faster than moe_torch", flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    print("\n| workload | moe_torch us | fused us | floor us | fused / floor | config |\n| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['workload']} | {r['baseline_us']:,.1f} | {r['fused_us']:,.2f} | {r['floor_us']:,.1f} | "
+              f"{r['fused_over_floor']:.2f}x | {r['config']} |")
+    if args.write:
+        fused.CONFIGS.parent.mkdir(parents=True, exist_ok=True)
+        fused.CONFIGS.write_text(json.dumps({
+            "measured": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                         "triton": __import__("triton").__version__,
+                         "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                         "command": "python benchmarks/tune_fused_moe.py --write"},
+            "configs": {str(m): c for m, c in sorted(best.items())}}, indent=2) + "\n")
+        print(f"wrote {fused.CONFIGS}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
