@@ -118,8 +118,9 @@ def test_the_baseline_identity_covers_exactly_the_files_it_is_made_of(tmp_path):
     layer = dataclasses.replace(load_problem("muse_decode_layer"),
                                 reference_path=tmp_path / "reference" / "muse_decode_layer.py")
     before = baseline_identity(layer)
-    assert before["files"] == ["reference/_muse_layer.py", "reference/muse_attention_decode.py",
-                               "reference/muse_decode_layer.py", "reference/muse_moe_w4a16.py"]
+    assert before["files"] == ["reference/_fused_moe_w4a16.py", "reference/_muse_layer.py",
+                               "reference/muse_attention_decode.py", "reference/muse_decode_layer.py",
+                               "reference/muse_moe_w4a16.py"]
     (tmp_path / "reference" / "muse_bf16_proj.py").write_text("# not part of the layer's baseline\n")
     assert baseline_identity(layer) == before
     moe = tmp_path / "reference" / "muse_moe_w4a16.py"
