@@ -31,6 +31,9 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--official", action="store_true",
                    help="refuse to run unless the result can be official: a CUDA device, the full model, the runner's "
                         "secret seeds, every shape timed, and the submission's process isolated (root, namespaces)")
+    p.add_argument("--baseline", choices=["ours", "sglang"], default="ours",
+                   help="what the speedups are measured against: ours (the default, reference/<problem>.py) or "
+                        "SGLang's own kernels where the pinned SGLang is installed (an organizer's choice; recorded)")
     p.add_argument("--grant-read", type=Path, action="append", default=[], metavar="PATH",
                    help="also let the submission's process read PATH (benchmarks that submit the reference's own "
                         "code; never on the runner, and refused with --official)")
@@ -98,12 +101,18 @@ def evaluate(args: argparse.Namespace) -> int:
         shapes=args.shape,
         official=args.official,
         grant_read=[p.resolve() for p in args.grant_read],
+        baseline=args.baseline,
         submission_meta={k: meta[k] for k in ("path", "login", "pr", "head_sha") if k in meta},
         progress=lambda line: print(f"[evaluate] {line}", file=sys.stderr, flush=True),
     )
     # A runner that cancels the job (or a harness's timeout) sends SIGTERM: end the evaluation the
     # way an error would, so the submission's process is killed and its GPU memory freed.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    from pipeline.kernel.evaluate import baseline_problem
+
+    why = baseline_problem(options, problem)
+    if why:
+        return _usage(why)
     if args.official:
         from pipeline.kernel.evaluate import official_problem
 

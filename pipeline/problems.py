@@ -96,7 +96,7 @@ class Problem:
         return self._reference
 
 
-def load_reference(path: Path, name: str) -> ModuleType:
+def load_reference(path: Path, name: str, required: tuple[str, ...] = ("make_inputs", "reference", "baseline", "floor")) -> ModuleType:
     module_name = f"_muse_reference_{name}"
     if module_name in sys.modules:
         return sys.modules[module_name]
@@ -109,7 +109,7 @@ def load_reference(path: Path, name: str) -> ModuleType:
         sys.path.insert(0, str(path.parent))
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
-    for fn in ("make_inputs", "reference", "baseline", "floor"):
+    for fn in required:
         if not callable(getattr(module, fn, None)):
             raise ProblemError(f"{path} must define {fn}()")
     return module

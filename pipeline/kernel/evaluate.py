@@ -72,6 +72,7 @@ class Options:
     shapes: list[str] | None = None  # restrict to these shape names (for debugging a submission)
     official: bool = False  # refuse to run unless the result can be official (GPU, full model, secret seeds, isolation)
     grant_read: list[Path] = field(default_factory=list)  # more paths the submission may read (benchmarks only)
+    baseline: str = "ours"  # or "sglang": SGLang's own kernels, where the pinned SGLang is installed
     # The timing method's knobs; None takes the device's default (GPU: docs/TIMING.md; CPU: short, unofficial).
     max_timing_seconds: float | None = None  # per workload; GPU 10 s
     # Replays discarded first: an H200 that was idle runs memory-bound kernels up to 4% faster for
@@ -361,6 +362,48 @@ def official_problem(opts: Options) -> str | None:
     return isolation_problem(opts)
 
 
+SGLANG_ADAPTERS = Path(__file__).resolve().parents[2] / "reference" / "_sglang_baselines.py"
+
+
+def _sglang_adapters():
+    from pipeline.problems import load_reference
+
+    return load_reference(SGLANG_ADAPTERS, "_sglang_adapters", required=())
+
+
+def baseline_problem(opts: Options, problem: Problem) -> str | None:
+    """Why the chosen baseline cannot be used here, or None."""
+    if opts.baseline == "ours":
+        return None
+    if opts.baseline != "sglang":
+        return f"unknown baseline {opts.baseline!r}: choose ours (the default) or sglang"
+    adapters = _sglang_adapters()
+    if problem.name not in adapters.ADAPTED:
+        return (f"--baseline sglang has no adapter for {problem.name} (adapted: {', '.join(adapters.ADAPTED)}); "
+                "use the default baseline")
+    ok, why = adapters.available()
+    return None if ok else f"--baseline sglang needs SGLang on this runner: {why}"
+
+
+def _baseline_target(opts: Options, problem: Problem) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """(the baseline worker's load request, the result's `baseline`, its `baseline_source`)."""
+    folder = str(problem.reference_path.parent)
+    if opts.baseline == "sglang":
+        import hashlib
+
+        version = _sglang_adapters().version() or "unknown"
+        data = SGLANG_ADAPTERS.read_bytes()
+        source = {"name": f"sglang {version}: {problem.name}",
+                  "sha256": hashlib.sha256(data + f"\0sglang=={version}".encode()).hexdigest(),
+                  "files": ["reference/_sglang_baselines.py", f"sglang=={version}"]}
+        load = {"op": "load", "path": str(SGLANG_ADAPTERS), "module": "_sglang_baseline", "function": problem.name,
+                "sys_path": [folder]}
+        return load, f"sglang {version}: reference/_sglang_baselines.py:{problem.name}", source
+    load = {"op": "load", "path": str(problem.reference_path), "module": "_muse_baseline", "function": "baseline",
+            "sys_path": [folder]}
+    return load, f"reference/{problem.name}.py:baseline", baseline_identity(problem)
+
+
 def evaluate(submission: Path, problem: Problem, options: Options | None = None) -> dict[str, Any]:
     """Run the whole evaluation and return the result document (valid against the schema). Every
     process of the evaluation is gone when it returns."""
@@ -395,12 +438,16 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         "score": None,
         "flags": [],
         "environment": environment(device),
-        "baseline": f"reference/{problem.name}.py:baseline",
-        "baseline_source": baseline_identity(problem),
+        "baseline": None,
+        "baseline_source": None,
         "started_at": started,
         "finished_at": started,
         "signature": None,
     }
+    why = baseline_problem(opts, problem)
+    if why:
+        raise ValueError(why)
+    baseline_load, doc["baseline"], doc["baseline_source"] = _baseline_target(opts, problem)
     from pipeline.kernel.static import scan
 
     doc["flags"].extend(f.as_dict() for f in scan(data))
@@ -458,9 +505,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             # The baseline in a process of its own: nothing the submission does in its process reaches it.
             baseline = Child("baseline", device, deadline, policy, [problem.reference_path.parent])
             doc["environment"]["sandbox"]["baseline"] = baseline.describe()
-            reply = baseline.request({"op": "load", "path": str(problem.reference_path), "module": "_muse_baseline",
-                                      "function": "baseline", "sys_path": [str(problem.reference_path.parent)]},
-                                     opts.limits.compile)
+            reply = baseline.request(baseline_load, opts.limits.compile)
             if not reply.get("ok"):
                 raise RuntimeError(f"the baseline of {problem.name} did not load: {reply.get('error')}\n"
                                    f"{reply.get('traceback', '')}\n{baseline.log_tail()}")
