@@ -93,7 +93,7 @@ def written(inputs: dict) -> dict:
     return {"k_cache": mask, "v_cache": mask}
 
 
-def baseline(inputs: dict) -> torch.Tensor:
+def baseline(inputs: dict, experts=None) -> torch.Tensor:
     """Production-style composition in bf16 (see _muse_layer.layer_bf16): cuBLAS F.linear GEMMs, a Triton
     paged extend-attention kernel (_muse_layer.extend_attention_triton), moe_torch of muse_moe_w4a16 for the
     experts. On a GPU no host synchronisation (CUDA-graph capturable); on a CPU the attention is per-request
@@ -112,7 +112,15 @@ def baseline(inputs: dict) -> torch.Tensor:
             return layer.extend_attention_bf16(q, k_cache, v_cache, inputs["block_table"], starts, prefix, new,
                                                scale)
 
-    return layer.layer_bf16(inputs, req, pos, attend)
+    return layer.layer_bf16(inputs, req, pos, attend, experts=experts)
+
+
+def baseline_fused(inputs: dict) -> torch.Tensor:
+    """The baseline with the fused MoE path for its experts (reference/_fused_moe_w4a16.py): it becomes
+    `baseline` once that path is tuned and measured on the H200 (issue 12)."""
+    from _fused_moe_w4a16 import fused_moe
+
+    return baseline(inputs, experts=fused_moe)
 
 
 def floor(shape) -> dict:

@@ -284,3 +284,22 @@ def test_template_passes_on_the_full_model(problem):
     failures = [(e["shape"], e["reason"]) for e in doc["correctness"] if not e["passed"]]
     assert doc["status"] == "passed", (doc["error"], failures)
     assert doc["mode"]["model"] == "full"
+
+
+@pytest.mark.parametrize("name", ["muse_decode_layer", "muse_prefill_layer"])
+def test_the_layers_with_the_fused_experts_are_right_on_the_smoke_model(name):
+    """The layers' baseline-to-be (the fused MoE for the experts) against the reference on one workload,
+    on the CPU through Triton's interpreter: the hidden output and every written cache slot pass."""
+    from pipeline.kernel.evaluate import _expected, check_outputs
+    from pipeline.problems import load_problem
+
+    problem = load_problem(name)
+    ref_mod = problem.reference
+    shape = problem.shapes("smoke", kinds=("workload",))[0]
+    inputs = ref_mod.make_inputs(shape, 3, "cpu")
+    expected = _expected(problem, inputs)
+    pristine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    out = ref_mod.baseline_fused(inputs)
+    got = {"output": out, **{k: inputs[k] for k in problem.inplace}}
+    verdicts = check_outputs(problem, got, expected, pristine)
+    assert all(v["passed"] for v in verdicts.values()), verdicts
