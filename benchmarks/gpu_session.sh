@@ -48,6 +48,11 @@ for what in "$@"; do
     # Issue 12: the fused MoE's block configurations on this GPU, written to reference/configs/ (keep the file).
     tune-moe) step tune-moe 540 python3 benchmarks/tune_fused_moe.py --write --json "$OUT/tune-moe.json"
               cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null ;;
+    # Issue 12: the staged fused baselines submitted against today's baselines (speedup = how much faster
+    # the fused path is; its floor ratio is in the table).
+    fused-baselines) step fused-baselines 560 python3 benchmarks/official_eval.py --as-baseline --function baseline_fused \
+                       --problem muse_moe_w4a16 --problem muse_decode_layer --problem muse_prefill_layer --seeds 2 \
+                       --timeout 180 --json "$OUT/fused-baselines.json" ;;
     # Wall time of an official evaluation (8 seeds, every shape) of the two problems above.
     walltime) step walltime 500 python3 benchmarks/official_eval.py --as-baseline --problem muse_bf16_proj \
                 --problem muse_moe_w4a16 --timeout 240 --json "$OUT/walltime.json" ;;

@@ -42,7 +42,7 @@ AS_BASELINE = '''"""{name}'s own baseline, submitted: benchmarks/official_eval.p
 import sys
 
 sys.path.insert(0, "{folder}")
-from {name} import baseline as custom_kernel  # noqa: E402,F401
+from {name} import {function} as custom_kernel  # noqa: E402,F401
 '''
 
 
@@ -61,6 +61,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--as-baseline", action="store_true", help="submit each problem's baseline instead of its template")
+    ap.add_argument("--function", default="baseline",
+                    help="with --as-baseline: which function of reference/<problem>.py to submit (baseline_fused: the "
+                         "staged fused paths of issue 12)")
     ap.add_argument("--timeout", type=float, help="seconds per evaluation; one that runs longer is reported and skipped")
     args = ap.parse_args()
     rows, walls = [], {}
@@ -72,7 +75,7 @@ def main() -> None:
             submission = f"problems/{name}/template.py"
             if args.as_baseline:
                 submission = str(Path(tmp) / f"{name}_baseline.py")
-                Path(submission).write_text(AS_BASELINE.format(folder=ROOT / "reference", name=name))
+                Path(submission).write_text(AS_BASELINE.format(folder=ROOT / "reference", name=name, function=args.function))
                 Path(submission).chmod(0o644)
             t0 = time.monotonic()
             grant = ["--grant-read", str(ROOT / "reference")] if args.as_baseline else []

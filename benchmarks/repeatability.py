@@ -43,7 +43,7 @@ def main() -> None:
         if args.as_baseline:
             Path(tmp).chmod(0o755)  # the sandbox user reads the submission
             args.submission = str(Path(tmp) / f"{args.problem}_baseline.py")
-            Path(args.submission).write_text(AS_BASELINE.format(folder=ROOT / "reference", name=args.problem))
+            Path(args.submission).write_text(AS_BASELINE.format(folder=ROOT / "reference", name=args.problem, function="baseline"))
             Path(args.submission).chmod(0o644)
         for i in range(args.runs):
             out = Path(tmp) / f"r{i}.json"
