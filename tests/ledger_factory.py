@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,30 @@ def write_competition(root: Path, days: int = 2, rule: str = "top_at_close") -> 
     path = Path(root) / "competition.toml"
     path.write_text(competition_toml(days, rule))
     return path
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def bare_origin(tmp_path: Path, files: dict[str, str] | None = None) -> Path:
+    """A real bare repository holding one commit: competition.toml and `files` (the remote that publish
+    pushes to in the tests)."""
+    bare = tmp_path / "origin.git"
+    git(tmp_path, "init", "--quiet", "--bare", "-b", "main", str(bare))
+    seed = tmp_path / "seed"
+    git(tmp_path, "init", "--quiet", "-b", "main", str(seed))
+    write_competition(seed)
+    for name, text in (files or {}).items():
+        (seed / name).write_text(text)
+    git(seed, "add", "-A")
+    git(seed, "commit", "--quiet", "-m", "seed")
+    git(seed, "push", "--quiet", str(bare), "main")
+    return bare
+
+
+def clone(origin: Path, dest: Path) -> Path:
+    # through git's transport (file://), never by copying the object folder, which a push landing at the
+    # same moment can change under the copy
+    git(dest.parent, "clone", "--quiet", f"file://{origin}", str(dest))
+    return dest

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger_factory import raw, resign, result_doc, sha, write_competition
+from ledger_factory import bare_origin, clone, git, raw, resign, result_doc, sha
 from pipeline import ledger as lg, publish as pub
 from pipeline.__main__ import main
 
@@ -34,29 +34,9 @@ def _plain_git(monkeypatch, tmp_path_factory):
     monkeypatch.delenv(pub.TOKEN_ENV, raising=False)
 
 
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture
 def origin(tmp_path) -> Path:
-    bare = tmp_path / "origin.git"
-    git(tmp_path, "init", "--quiet", "--bare", "-b", "main", str(bare))
-    seed = tmp_path / "seed"
-    git(tmp_path, "init", "--quiet", "-b", "main", str(seed))
-    write_competition(seed)
-    (seed / "README.md").write_text("the competition\n")
-    git(seed, "add", "-A")
-    git(seed, "commit", "--quiet", "-m", "seed")
-    git(seed, "push", "--quiet", str(bare), "main")
-    return bare
-
-
-def clone(origin: Path, dest: Path) -> Path:
-    # through git's transport (file://), never by copying the object folder, which a push landing at the
-    # same moment can change under the copy
-    git(dest.parent, "clone", "--quiet", f"file://{origin}", str(dest))
-    return dest
+    return bare_origin(tmp_path, {"README.md": "the competition\n"})
 
 
 def head(origin: Path) -> str:
