@@ -125,8 +125,7 @@ class Child:
     down a unix socket with the descriptors of the parent's buffers; replies come back as JSON
     lines on a pipe, each echoing the request's nonce."""
 
-    def __init__(self, role: str, device: str, deadline: float, policy: sandbox.Policy, readable: list[Path]):
-        self.role = role
+    def __init__(self, device: str, deadline: float, policy: sandbox.Policy, readable: list[Path]):
         self.deadline = deadline
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._resp_r, resp_w = os.pipe()
@@ -232,7 +231,7 @@ class Child:
         if self._sock is None:
             return
         # Killed, not asked to exit: a worker has nothing to save, and this counts what it left running.
-        self.killed = self.box.kill()
+        self.kill()
         self._sock.close()
         self._sock = None
         try:
@@ -241,7 +240,8 @@ class Child:
             pass
 
     def kill(self) -> None:
-        self.killed = self.box.kill()
+        """Kill the worker's whole sandbox (again is harmless), counting what it had left running."""
+        self.killed += self.box.kill()
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -462,7 +462,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
     policy = opts.sandbox or sandbox.Policy(isolate=True if opts.official else None)
     t_start = time.monotonic()
     # The submission's worker sees the harness package and its own file, nothing else of the checkout.
-    child = Child("submission", device, deadline, policy, [Path(submission).resolve(), *opts.grant_read])
+    child = Child(device, deadline, policy, [Path(submission).resolve(), *opts.grant_read])
     baseline: Child | None = None
     doc["environment"]["sandbox"] = {"submission": child.describe()}
     current_shape: str | None = None
@@ -471,14 +471,14 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         if opts.progress is not None:
             opts.progress(f"{time.monotonic() - t_start:6.1f} s  {line}")
 
-    def fail(status: str, reply: dict[str, Any], who: Child | None = None) -> None:
+    def fail(status: str, reply: dict[str, Any]) -> None:
         doc["status"] = status
         doc["error"] = {
             "message": reply.get("error") or status,
             "shape": current_shape,
             "where": reply.get("where"),
             "traceback": reply.get("traceback", ""),
-            "log_tail": (who or child).log_tail(),
+            "log_tail": child.log_tail(),
         }
 
     try:
@@ -503,7 +503,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         if doc["status"] == "passed" and opts.timing:
             current_shape = None
             # The baseline in a process of its own: nothing the submission does in its process reaches it.
-            baseline = Child("baseline", device, deadline, policy, [problem.reference_path.parent])
+            baseline = Child(device, deadline, policy, [problem.reference_path.parent])
             doc["environment"]["sandbox"]["baseline"] = baseline.describe()
             reply = baseline.request(baseline_load, opts.limits.compile)
             if not reply.get("ok"):
@@ -521,7 +521,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             # The submission's whole process tree ends here; then the baseline runs alone.
             child.close()
             if doc["status"] in ("passed", "needs_review") and kept:
-                _baseline_alone(baseline, kept, opts, device, doc, fail)
+                _baseline_alone(baseline, kept, opts, device, doc)
                 say("timed the baseline alone")
             _score(doc, problem.run_to_run if device == "cuda" else 0.0)
     except TimeoutError:
@@ -844,8 +844,8 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
         # The parent, not a worker, fixes the calls per replay and the replays per block, so the only
         # thing a worker reports is each replay's duration, and the parent's clock bounds their sum.
         calls = {t: timing.choose_calls(per_call[t], n_sets) for t in workers}
-        # Replays per block: BLOCK for a replay of about 1 ms; fewer for a slow kernel whose replay (at
-        # least one call per set) lasts much longer, so a block stays short and the time bounds hold.
+        # Replays per block: about 10 ms of them (timing.replays_per_round), so each block is long next
+        # to the request around it and short next to the GPU's slow swings.
         replays = {t: timing.replays_per_round(per_call[t] * calls[t]) for t in workers}
         for t in workers:
             # The timed graph and the cross-check's graphs are captured in an order the worker cannot
@@ -959,22 +959,21 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
             del fresh
         ask("submission", {"op": "bench_release", "keys": [key]}, opts.limits.call)
         watch.lap("checks")
-    except _Abort:
-        why = None
+    except _Abort:  # the verdict is recorded already
+        _release(base, shares["baseline"], [])
+        return None
+    finally:
         _release(child, shares["submission"], outs)
-        _release(base, shares["baseline"], [])
-        return None
-    _release(child, shares["submission"], outs)
     del sets, expecteds
-    if why:
+    if why or untrusted:
+        # Only a workload that was timed and checked keeps the baseline's buffers, for its run alone.
         _release(base, shares["baseline"], [])
-        doc["status"] = "incorrect"
-        doc["error"] = {"message": f"the CUDA graph that was timed does not compute the right answer ({why})",
-                        "shape": shape.name, "where": None, "traceback": "", "log_tail": child.log_tail()}
-        return None
-    if untrusted:
-        _release(base, shares["baseline"], [])
-        fail("runtime_error", {"error": untrusted})
+        if why:
+            doc["status"] = "incorrect"
+            doc["error"] = {"message": f"the CUDA graph that was timed does not compute the right answer ({why})",
+                            "shape": shape.name, "where": None, "traceback": "", "log_tail": child.log_tail()}
+        else:
+            fail("runtime_error", {"error": untrusted})
         return None
     sub, basel = timing.summary(samples["submission"]), timing.summary(samples["baseline"])
     entry = {
@@ -1043,36 +1042,35 @@ class _Filler:
         torch.cuda.synchronize()
 
 
-def _baseline_alone(base: Child, kept: list[dict[str, Any]], opts: Options, device: str, doc: dict[str, Any],
-                    fail) -> None:
+def _baseline_alone(base: Child, kept: list[dict[str, Any]], opts: Options, device: str, doc: dict[str, Any]) -> None:
     """Each timed workload's baseline graph once more, with the submission's process tree gone: the
     same process, graph and memory as in the interleaved blocks, so a median that was slower there
     than here says that something slowed the baseline down while the submission was alive."""
     filler = _Filler() if device == "cuda" else None
+
+    def median_alone(req: dict[str, Any], fill_s: float) -> float:
+        samples: list[float] = []
+        t_end = time.monotonic() + opts.alone_seconds
+        while time.monotonic() < t_end or len(samples) < opts.min_samples:
+            if filler is not None and fill_s > 0:
+                filler.run(fill_s)
+            reply = base.request(req, opts.limits.call)
+            if not reply.get("ok"):
+                raise RuntimeError(f"the baseline failed when timed alone: {reply.get('error')}")
+            samples.extend(float(x) for x in reply["samples_us"])
+        return timing.summary(samples)["median_us"]
+
     try:
         for item in kept:
             req = {"op": "bench_measure", "key": item["key"], "replays": item["replays"]}
             settle_end = time.monotonic() + min(0.5, opts.settle_seconds)
             while time.monotonic() < settle_end:
                 base.request(req, opts.limits.call)
-
-            def sample(fill_s: float) -> float:
-                samples: list[float] = []
-                t_end = time.monotonic() + opts.alone_seconds
-                while time.monotonic() < t_end or len(samples) < opts.min_samples:
-                    if filler is not None and fill_s > 0:
-                        filler.run(fill_s)
-                    reply = base.request(req, opts.limits.call)
-                    if not reply.get("ok"):
-                        raise RuntimeError(f"the baseline failed when timed alone: {reply.get('error')}")
-                    samples.extend(float(x) for x in reply["samples_us"])
-                return timing.summary(samples)["median_us"]
-
             entry = item["entry"]
             # As in the interleaved blocks, the GPU is kept busy between the baseline's blocks for as
             # long as the submission's blocks lasted (by this process: the submission is gone).
-            entry["baseline_alone_idle_us"] = sample(0.0)
-            alone = sample(item["submission_block_s"]) if filler is not None else entry["baseline_alone_idle_us"]
+            entry["baseline_alone_idle_us"] = median_alone(req, 0.0)
+            alone = median_alone(req, item["submission_block_s"]) if filler is not None else entry["baseline_alone_idle_us"]
             entry["baseline_alone_us"] = alone
             slower = entry["baseline_median_us"] / alone - 1
             if slower > INTERFERENCE[device]:

@@ -192,9 +192,9 @@ class _ArrayInterface:
 class _DeviceMapping:
     """An allocation mapped into this process's address space, readable and writable by `device`."""
 
-    def __init__(self, handle: int, size: int, device: int, nbytes: int, owner: bool):
+    def __init__(self, handle: int, size: int, device: int, nbytes: int):
         drv = _driver()
-        self.handle, self.size, self.owner = handle, size, owner
+        self.handle, self.size = handle, size
         ptr = ctypes.c_ulonglong(0)
         _check(drv.cuMemAddressReserve(ctypes.byref(ptr), size, 0, 0, 0), "cuMemAddressReserve")
         self.ptr = int(ptr.value)
@@ -227,7 +227,7 @@ class _DeviceMemory:
         size = -(-nbytes // g) * g
         handle = ctypes.c_ulonglong(0)
         _check(_driver().cuMemCreate(ctypes.byref(handle), size, ctypes.byref(_prop(device)), 0), "cuMemCreate")
-        self._mapping = _DeviceMapping(int(handle.value), size, device, nbytes, owner=True)
+        self._mapping = _DeviceMapping(int(handle.value), size, device, nbytes)
         fd = ctypes.c_int(-1)
         _check(_driver().cuMemExportToShareableHandle(ctypes.byref(fd), int(handle.value), _HANDLE_POSIX_FD, 0),
                "cuMemExportToShareableHandle")
@@ -247,7 +247,7 @@ def _map_device(fd: int, nbytes: int) -> tuple[torch.Tensor, Any]:
     _check(_driver().cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd), _HANDLE_POSIX_FD),
            "cuMemImportFromShareableHandle")
     g = _granularity(device)
-    mapping = _DeviceMapping(int(handle.value), -(-nbytes // g) * g, device, nbytes, owner=False)
+    mapping = _DeviceMapping(int(handle.value), -(-nbytes // g) * g, device, nbytes)
     return mapping.flat, mapping
 
 

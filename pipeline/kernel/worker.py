@@ -326,8 +326,7 @@ def main() -> None:
     ops = {"load": worker.load, "call": worker.call,
            "bench_prepare": worker.bench_prepare, "bench_capture": worker.bench_capture,
            "bench_measure": worker.bench_measure, "bench_outputs": worker.bench_outputs,
-           "bench_crosscheck": worker.bench_crosscheck, "bench_release": worker.bench_release,
-           "drop": lambda req: {"ok": True}}
+           "bench_crosscheck": worker.bench_crosscheck, "bench_release": worker.bench_release}
     while True:
         nonce = None
         try:
