@@ -219,3 +219,8 @@ VERBS.update(_publish.VERBS)
 from pipeline import sandbox as _sandbox  # noqa: E402
 
 VERBS.update(_sandbox.VERBS)
+
+# ---- the serving track: `serving fetch | gate | dataset | replay | ...` (pipeline/serving/cli.py) ----
+from pipeline.serving import cli as _serving_cli  # noqa: E402
+
+VERBS.update(_serving_cli.VERBS)
