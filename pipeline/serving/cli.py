@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-STAGES: tuple[str, ...] = ()
+STAGES: tuple[str, ...] = ("tokenizer", "pin")
 
 
 def _register(p: argparse.ArgumentParser) -> None:
