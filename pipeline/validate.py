@@ -517,10 +517,12 @@ class _Section:
 
 @dataclass(frozen=True)
 class DiffFile:
-    """A file of a diff: its change, and the bytes its hunks add (the whole content of a new file)."""
+    """A file of a diff: its change, the bytes its hunks add (the whole content of a new file), and the
+    line of the diff its section starts at (1-based)."""
 
     change: Change
     added: bytes
+    line: int = 0
 
 
 def read_diff(text: str) -> list[DiffFile]:
@@ -752,7 +754,7 @@ def _resolve(sec: _Section) -> DiffFile:
                     copied_from=copied_from, header_names=extra if problems else (),
                     header_problem=("; ".join(problems) + f" (the file's diff starts at line {sec.line}); "
                                     f"{REGENERATE}") if problems else None)
-    return DiffFile(change, added)
+    return DiffFile(change, added, sec.line)
 
 
 def changes_from_diff(text: str, tree: Path | None = None) -> list[Change]:
