@@ -1,0 +1,103 @@
+"""The engines the replayer talks to: how each one is asked for a reply of exactly N tokens.
+
+The replay forces every reply to its dataset length, so that a server cannot shorten its work by stopping
+early, and decodes greedily, so that canary turns can be compared token for token with the baseline's.
+Engines spell that differently, and the launch template (never the competitor) picks the adapter:
+
+  sglang        `max_tokens: N`, `ignore_eos: true`, `temperature: 0`; usage in the last chunk through
+                `stream_options.include_usage`; the radix cache is emptied with POST /flush_cache
+                (SGLang 0.5.10's http_server answers 200 when flushed, 400 while requests are pending).
+  transformers  `transformers serve` refuses unknown fields (`ignore_eos` is a 422) and, given a
+                `generation_config`, builds its GenerationConfig from it alone: the field is a JSON
+                *string* (transformers 5's cli/serving/utils.py does `GenerationConfig(**json.loads(...))`;
+                an object is a 500), so the forced length is `min_new_tokens = max_new_tokens = N` in that
+                string, with `do_sample: false`. `max_tokens` is left out: it would override
+                max_new_tokens after the string is read. `stream_options` is accepted and ignored; usage
+                comes in the final chunk anyway. No cache to flush.
+  openai        `max_tokens: N` only (an OpenAI-compatible server that knows no forced length: its turns
+                may stop early, and the replay then says so). No cache to flush.
+
+Every engine is ready when GET /health answers 200 (`transformers serve`'s /v1/models scans the hub cache
+and fails offline; SGLang's /health is its own readiness route).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+HEALTH_PATH = "/health"
+
+
+def _sglang(messages: list[dict[str, Any]], n: int, seed: int) -> dict[str, Any]:
+    return {
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": n,
+        "ignore_eos": True,
+        "temperature": 0,
+        "seed": seed,
+    }
+
+
+def _transformers(messages: list[dict[str, Any]], n: int, seed: int) -> dict[str, Any]:
+    generation = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False}
+    return {
+        "messages": messages,
+        "stream": True,
+        "temperature": 0,
+        "seed": seed,
+        "generation_config": json.dumps(generation, sort_keys=True),
+    }
+
+
+def _openai(messages: list[dict[str, Any]], n: int, seed: int) -> dict[str, Any]:
+    return {
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": n,
+        "temperature": 0,
+        "seed": seed,
+    }
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How one engine is asked for a forced-length greedy stream, flushed and checked for readiness."""
+
+    name: str
+    build: Callable[[list[dict[str, Any]], int, int], dict[str, Any]]
+    flush_path: str | None  # POSTed before a run; None where the engine keeps no cache we can empty
+    health_path: str = HEALTH_PATH
+
+    def body(self, messages: list[dict[str, Any]], max_tokens: int, seed: int,
+             model: str | None = None) -> dict[str, Any]:
+        """The JSON body of a streaming /v1/chat/completions request for a reply of exactly max_tokens."""
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"max_tokens is {max_tokens!r}; a forced length is a positive integer")
+        body = self.build(messages, max_tokens, seed)
+        if model is not None:
+            # Without a model the engine serves the one it was launched with (SGLang and transformers serve
+            # both do); with one, transformers serve refuses any other than its pinned model.
+            body["model"] = model
+        return body
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "sglang": Adapter("sglang", _sglang, flush_path="/flush_cache"),
+    "transformers": Adapter("transformers", _transformers, flush_path=None),
+    "openai": Adapter("openai", _openai, flush_path=None),
+}
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def adapter(name: str) -> Adapter:
+    """The adapter of an engine by name; a clear error naming the known ones otherwise."""
+    try:
+        return ADAPTERS[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}: one of {', '.join(sorted(ADAPTERS))}") from None

@@ -1,0 +1,504 @@
+"""The closed-loop replay: c lanes of agentic conversations against a streaming chat endpoint, timed by the client.
+
+`python -m pipeline serving replay --url URL --dataset F --concurrency C --window S --warmup S
+ --engine {sglang,transformers,openai} --seed S --json OUT [--turn-timeout S] [--tokenizer FILE] [--gpus N]`
+
+How a level is replayed (serving-track.md, "The replay"):
+- C lanes, each holding one conversation at a time. A turn sends the whole history (the system message,
+  every earlier turn's messages and assistant replies, this turn's new messages) to /v1/chat/completions
+  with streaming, through the engine's adapter (pipeline/serving/engine.py: the forced length, greedy).
+  The reply is appended as it was streamed and the next turn is sent at once (no think time). When a
+  conversation ends, the lane takes the next one from a queue shuffled with the seed; the queue starts a
+  new shuffled pass when it runs out.
+- Canary conversations are replayed with fixed history: the dataset's own `reply` of each turn is
+  appended instead of the live one, so every server sees the same prompts and their greedy tokens can be
+  compared with the baseline's (pipeline/serving/score.py).
+- Staggered starts: lane i's first conversation starts at turn floor(i * T / C) of its T turns, so the
+  lanes are spread over the phases of a conversation instead of all sending a first turn at once. The
+  history before that turn is formed as for a canary: the turns' messages with the dataset's fixed
+  replies (text of about max_tokens tokens written for that place), so the prompt is a realistic one.
+  Later conversations of a lane start at turn 0.
+- A per-run random marker (from the OS's randomness, not the seed) begins the system message, the first
+  message of every request: nothing cached by an earlier run matches a single token, so a flush that does
+  nothing cannot help, while within the run the shared prefix is shared as in production. A conversation
+  replayed again in a later pass of the queue gets the marker with the pass number (`<marker>/<pass>`), so
+  it is not served from its own earlier pass either. Where the engine has one, the cache is flushed
+  before the run (SGLang's POST /flush_cache, retried while it answers that requests are pending).
+- Every streamed chunk is timestamped with time.perf_counter_ns as it is read. Output tokens are counted
+  by re-tokenising the streamed text with the given tokenizer (the pinned one by default), after the run,
+  so the tokenizer costs nothing while streams are read. Each token is attributed to the chunk whose
+  arrival completed its characters (the token offsets of the whole reply), which is the incremental token
+  count of the text received so far; a chunk may carry zero tokens (a token split across chunks) or
+  several. A turn counts at most its max_tokens tokens, so a server that streams more gains nothing. The
+  server's `usage` is recorded as it came and never used for a count.
+- A measurement window of S seconds follows the warm-up; at its end every turn still open is cancelled
+  (status `cancelled`, its tokens so far kept with their timestamps) and the run stops.
+- A turn fails on an HTTP error (`http_error`), a connection or stream that breaks or ends without a
+  finish (`broken`), an error object or malformed chunk in the stream (`stream_error`), or the per-turn
+  timeout (`timeout`); a turn that finishes with fewer than max_tokens - 1 tokens is `short`. A failed
+  turn ends its conversation (its history has no reply to continue from) and the lane takes the next one.
+
+The output (JSON, one document): `facts` (marker, seed, engine, concurrency, window bounds on the run's
+own clock, the dataset's content sha256, the flush, the tokenizer) and `turns`, one plain record per
+turn sent: lane, conversation, pass, turn index, canary flag, max_tokens, send_ns, first_ns (the first
+token's chunk), end_ns (the last counted token's chunk, or when it failed or was cancelled), status,
+error, chunk_ns and chunk_tokens (every content chunk's arrival and the tokens attributed to it),
+tokens (counted, at most max_tokens), tokens_streamed (before that cap), usage (as reported, unused),
+and for canary turns the token ids. Every time is in nanoseconds from the run's origin (facts.origin_ns
+is that origin on the perf_counter_ns clock). pipeline/serving/metrics.py turns the records into T_c,
+I_c and the unscored figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import secrets
+import sys
+import time
+from bisect import bisect_left
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pipeline.serving import engine as engines
+
+FORMAT = "muse-serving-replay"
+FORMAT_VERSION = 1
+
+FAILED = ("http_error", "broken", "stream_error", "timeout")
+STATUSES = ("ok", "short", *FAILED, "cancelled")
+
+DEFAULT_TURN_TIMEOUT_S = 300.0
+
+
+class ReplayError(Exception):
+    """The replay cannot start or its input is unusable; the message says what to do."""
+
+
+class _Turn:
+    """One turn in flight: what the hot loop appends to, turned into a plain record after the run."""
+
+    __slots__ = ("lane", "conversation", "pass_", "turn", "canary", "max_tokens", "send_ns", "end_ns",
+                 "status", "error", "times", "ends", "pieces", "usage", "finished")
+
+    def __init__(self, lane: int, conversation: str, pass_: int, turn: int, canary: bool, max_tokens: int):
+        self.lane, self.conversation, self.pass_, self.turn = lane, conversation, pass_, turn
+        self.canary, self.max_tokens = canary, max_tokens
+        self.send_ns = 0
+        self.end_ns: int | None = None
+        self.status: str | None = None  # None while open; "done" once the stream finished (ok or short later)
+        self.error: str | None = None
+        self.times: list[int] = []  # perf_counter_ns of each content chunk
+        self.ends: list[int] = []  # characters of reply received once that chunk arrived
+        self.pieces: list[str] = []
+        self.usage: Any = None
+        self.finished = False
+
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def start_turn(lane: int, concurrency: int, turns: int) -> int:
+    """The turn lane `lane` of `concurrency` starts its first conversation at (staggered starts)."""
+    return (lane * turns) // concurrency
+
+
+class ConversationQueue:
+    """Conversations in an order shuffled with the seed, pass after pass: (index, pass number)."""
+
+    def __init__(self, count: int, seed: int):
+        if count < 1:
+            raise ReplayError("the dataset holds no conversation to replay")
+        self._rng = random.Random(seed)
+        self._count = count
+        self._order: list[int] = []
+        self._pass = -1
+
+    def next(self) -> tuple[int, int]:
+        if not self._order:
+            self._pass += 1
+            self._order = list(range(self._count))
+            self._rng.shuffle(self._order)
+            self._order.reverse()  # popped from the end: the shuffled order, first to last
+        return self._order.pop(), self._pass
+
+
+def new_marker() -> str:
+    """A marker no earlier run used: 64 random bits from the OS, independent of the seed."""
+    return f"run {secrets.token_hex(8)}"
+
+
+def system_message(system: str, marker: str, pass_: int) -> dict[str, str]:
+    tag = marker if pass_ == 0 else f"{marker}/{pass_}"
+    return {"role": "system", "content": f"{tag}\n\n{system}"}
+
+
+async def _flush(session, url: str, adapter: engines.Adapter, attempts: int = 20) -> dict[str, Any]:
+    if adapter.flush_path is None:
+        return {"flushed": None, "why": f"{adapter.name} keeps no cache the replay can flush"}
+    last = ""
+    for _ in range(attempts):
+        async with session.post(url + adapter.flush_path) as resp:
+            text = (await resp.text())[:300]
+            if resp.status == 200:
+                return {"flushed": True, "response": text.strip()}
+            last = f"HTTP {resp.status}: {text.strip()}"
+        # SGLang refuses to flush while requests are pending; the previous level's may still be draining.
+        await asyncio.sleep(0.5)
+    raise ReplayError(f"the cache flush {url}{adapter.flush_path} failed {attempts} times (last: {last}); "
+                      "a level must start from an empty cache: check that the server is idle")
+
+
+async def _ready(session, url: str, adapter: engines.Adapter) -> None:
+    import aiohttp
+
+    try:
+        async with session.get(url + adapter.health_path) as resp:
+            if resp.status != 200:
+                raise ReplayError(f"the server at {url} is not ready: GET {adapter.health_path} answered "
+                                  f"HTTP {resp.status}; wait for it to answer 200 before replaying")
+    except aiohttp.ClientError as exc:
+        raise ReplayError(f"the server at {url} cannot be reached (GET {adapter.health_path}: {exc}); "
+                          "is it running, and is --url right?") from None
+
+
+async def _stream(session, url: str, payload: bytes, turn: _Turn) -> None:
+    """Send one turn and read its stream into `turn`; sets status to done or a failure."""
+    import aiohttp
+    import orjson
+
+    perf = time.perf_counter_ns
+    times, ends, pieces = turn.times, turn.ends, turn.pieces
+    chars = 0
+    turn.send_ns = perf()
+    try:
+        async with session.post(url, data=payload, headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                body = (await resp.text())[:300]
+                turn.status, turn.error = "http_error", f"HTTP {resp.status}: {body.strip()}"
+                return
+            async for line in resp.content:
+                t = perf()
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, event names
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    turn.finished = True
+                    break
+                obj = orjson.loads(data)
+                if not isinstance(obj, dict):
+                    turn.status, turn.error = "stream_error", f"a chunk that is not an object: {data[:200]!r}"
+                    return
+                if "error" in obj or obj.get("object") == "error":
+                    turn.status, turn.error = "stream_error", f"the server streamed an error: {data[:300]!r}"
+                    return
+                usage = obj.get("usage")
+                if usage is not None:
+                    turn.usage = usage
+                for choice in obj.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    # A reasoning parser moves part of the reply to reasoning_content; it is output all the same.
+                    for key in ("reasoning_content", "content"):
+                        piece = delta.get(key)
+                        if piece:
+                            chars += len(piece)
+                            pieces.append(piece)
+                            ends.append(chars)
+                            times.append(t)
+                    if choice.get("finish_reason"):
+                        turn.finished = True
+        if not turn.finished:
+            turn.status, turn.error = "broken", "the stream ended without a finish_reason or [DONE]"
+            return
+        turn.status = "done"
+    except orjson.JSONDecodeError as exc:
+        turn.status, turn.error = "stream_error", f"a chunk that is not JSON: {exc}"
+    except (aiohttp.ClientError, ConnectionError, ValueError) as exc:
+        turn.status, turn.error = "broken", f"{type(exc).__name__}: {exc}"
+    finally:
+        turn.end_ns = perf()
+
+
+async def run(url: str, system: str, conversations: list[dict[str, Any]], tokenizer: Any, *,
+              engine: str, concurrency: int, window_s: float, warmup_s: float, seed: int,
+              turn_timeout_s: float = DEFAULT_TURN_TIMEOUT_S, model: str | None = None,
+              marker: str | None = None, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Replay one level; returns {"facts": ..., "turns": [...]} as plain data (see the module's docstring).
+
+    `conversations` are the dataset's (each {"id", "canary", "turns": [{"messages", "max_tokens",
+    "canary", "reply"}]}), `system` its shared prefix; `tokenizer` anything whose encode(text) has .ids
+    (a tokenizers.Tokenizer: its offsets and encode_batch are used when present).
+    """
+    import aiohttp
+
+    if concurrency < 1:
+        raise ReplayError(f"--concurrency is {concurrency}; it must be at least 1")
+    if window_s <= 0 or warmup_s < 0 or turn_timeout_s <= 0:
+        raise ReplayError(f"window {window_s} s, warm-up {warmup_s} s, turn timeout {turn_timeout_s} s: "
+                          "the window and the timeout must be positive and the warm-up not negative")
+    adapter = engines.adapter(engine)
+    base = url.rstrip("/")
+    chat_url = base + engines.CHAT_PATH
+    marker = marker or new_marker()
+    queue = ConversationQueue(len(conversations), seed)
+    opened: list[_Turn] = []
+
+    async def lane(index: int, session) -> None:
+        import orjson
+
+        first = True
+        while True:
+            ci, pass_ = queue.next()
+            conv = conversations[ci]
+            turns = conv["turns"]
+            begin = start_turn(index, concurrency, len(turns)) if first else 0
+            first = False
+            history: list[dict[str, Any]] = [system_message(system, marker, pass_)]
+            for earlier in turns[:begin]:
+                history.extend(earlier["messages"])
+                history.append({"role": "assistant", "content": earlier["reply"]})
+            for k in range(begin, len(turns)):
+                spec = turns[k]
+                history.extend(spec["messages"])
+                turn = _Turn(index, conv["id"], pass_, k, bool(spec.get("canary", conv.get("canary"))),
+                             int(spec["max_tokens"]))
+                payload = orjson.dumps(adapter.body(history, turn.max_tokens, seed, model))
+                opened.append(turn)
+                try:
+                    async with asyncio.timeout(turn_timeout_s):
+                        await _stream(session, chat_url, payload, turn)
+                except TimeoutError:
+                    turn.status = "timeout"
+                    turn.error = f"no complete reply within the turn timeout of {turn_timeout_s:g} s"
+                    turn.end_ns = time.perf_counter_ns()
+                except asyncio.CancelledError:
+                    if turn.status is None:
+                        turn.status, turn.end_ns = "cancelled", time.perf_counter_ns()
+                    raise
+                if turn.status != "done":
+                    break  # no reply to continue this conversation from
+                reply = spec["reply"] if turn.canary else turn.text()
+                history.append({"role": "assistant", "content": reply})
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    # One connection per lane at most: the lanes are the only concurrency the server sees.
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+        await _ready(session, base, adapter)
+        flush = await _flush(session, base, adapter)
+        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        origin = time.perf_counter_ns()
+        tasks = [asyncio.create_task(lane(i, session)) for i in range(concurrency)]
+        # Lanes run until the window closes; a lane that crashed (a bug, not a failed turn) stops the run.
+        done, _ = await asyncio.wait(tasks, timeout=warmup_s + window_s, return_when=asyncio.FIRST_EXCEPTION)
+        stopped = time.perf_counter_ns()
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                raise result
+    for turn in opened:
+        if turn.status is None:
+            turn.status, turn.end_ns = "cancelled", stopped
+    records = _records(opened, tokenizer, origin)
+    window_start = int(warmup_s * 1e9)
+    out_facts = {
+        "format": FORMAT, "version": FORMAT_VERSION, "engine": engine, "url": base, "model": model,
+        "concurrency": concurrency, "seed": seed, "marker": marker,
+        "warmup_s": warmup_s, "window_s": window_s, "turn_timeout_s": turn_timeout_s,
+        "origin_ns": origin, "window_start_ns": window_start, "window_end_ns": window_start + int(window_s * 1e9),
+        "stopped_ns": stopped - origin, "started_at": started_at, "flush": flush,
+        "conversations": len(conversations), "turns_sent": len(records),
+    }
+    out_facts.update(facts or {})
+    return {"facts": out_facts, "turns": records}
+
+
+def _encode_all(tokenizer: Any, texts: list[str]) -> list[Any]:
+    batch = getattr(tokenizer, "encode_batch", None)
+    if batch is not None:
+        try:
+            return batch(texts, add_special_tokens=False)
+        except TypeError:
+            return batch(texts)
+    out = []
+    for text in texts:
+        try:
+            out.append(tokenizer.encode(text, add_special_tokens=False))
+        except TypeError:
+            out.append(tokenizer.encode(text))
+    return out
+
+
+def attribute(ends: list[int], token_ends: list[int]) -> list[int]:
+    """Tokens per chunk: token j belongs to the first chunk whose cumulative characters reach its end."""
+    counts = [0] * len(ends)
+    for end in token_ends:
+        at = bisect_left(ends, end)
+        counts[min(at, len(ends) - 1)] += 1
+    return counts
+
+
+def _prefix_counts(tokenizer: Any, text: str, ends: list[int]) -> list[int]:
+    # A tokenizer without offsets: count the tokens of each prefix (quadratic, for small test tokenizers).
+    counts, before = [], 0
+    for end in ends:
+        n = len(_encode_all(tokenizer, [text[:end]])[0].ids)
+        n = max(n, before)
+        counts.append(n - before)
+        before = n
+    return counts
+
+
+def _records(opened: list[_Turn], tokenizer: Any, origin: int) -> list[dict[str, Any]]:
+    texts = [t.text() for t in opened]
+    encodings = _encode_all(tokenizer, texts) if texts else []
+    records = []
+    for turn, text, enc in zip(opened, texts, encodings):
+        ids = list(enc.ids)
+        offsets = getattr(enc, "offsets", None)
+        if turn.ends:
+            if offsets is not None:
+                per_chunk = attribute(turn.ends, [end for _start, end in offsets])
+            else:
+                per_chunk = _prefix_counts(tokenizer, text, turn.ends)
+        else:
+            per_chunk = []
+        streamed = len(ids)
+        # At most max_tokens count: the excess is dropped from the last chunks that carried it.
+        excess = max(0, sum(per_chunk) - turn.max_tokens)
+        for i in range(len(per_chunk) - 1, -1, -1):
+            if excess == 0:
+                break
+            take = min(excess, per_chunk[i])
+            per_chunk[i] -= take
+            excess -= take
+        counted = sum(per_chunk)
+        status = turn.status
+        if status == "done":
+            status = "ok" if streamed >= turn.max_tokens - 1 else "short"
+        carrying = [i for i, n in enumerate(per_chunk) if n]
+        first_ns = turn.times[carrying[0]] - origin if carrying else None
+        end_ns = (turn.end_ns or origin) - origin
+        if status in ("ok", "short") and carrying:
+            end_ns = turn.times[carrying[-1]] - origin
+        error = turn.error
+        if status == "short":
+            error = f"{streamed} tokens streamed, fewer than max_tokens - 1 = {turn.max_tokens - 1}"
+        record = {
+            "lane": turn.lane, "conversation": turn.conversation, "pass": turn.pass_, "turn": turn.turn,
+            "canary": turn.canary, "max_tokens": turn.max_tokens,
+            "send_ns": turn.send_ns - origin if turn.send_ns else None, "first_ns": first_ns, "end_ns": end_ns,
+            "status": status, "error": error,
+            "chunk_ns": [t - origin for t in turn.times], "chunk_tokens": per_chunk,
+            "tokens": counted, "tokens_streamed": streamed, "usage": turn.usage,
+        }
+        if turn.canary:
+            record["token_ids"] = ids
+        records.append(record)
+    return records
+
+
+# ----- the command -----
+
+def _register(p) -> None:
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument("--dataset", required=True, type=Path, help="the conversations (dataset generate's JSON, .gz too)")
+    p.add_argument("--concurrency", required=True, type=int, help="lanes, each one conversation at a time")
+    p.add_argument("--window", required=True, type=float, help="the measurement window in seconds")
+    p.add_argument("--warmup", required=True, type=float, help="seconds replayed before the window opens")
+    p.add_argument("--engine", required=True, choices=sorted(engines.ADAPTERS), help="the request adapter")
+    p.add_argument("--seed", required=True, type=int, help="seeds the conversation queue (not the marker)")
+    p.add_argument("--json", required=True, type=Path, help="where the records go (JSON)")
+    p.add_argument("--turn-timeout", type=float, default=DEFAULT_TURN_TIMEOUT_S,
+                   help=f"seconds a turn may take before it fails (default {DEFAULT_TURN_TIMEOUT_S:g})")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="the tokenizer.json to count output tokens with (default: the pinned one, "
+                        "pipeline/serving/tokenizer.py); it must be the one the engine serves with")
+    p.add_argument("--model", default=None, help="the model name to put in requests (default: none; the engine's own)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs the engine runs on, for the printed T_c (default 1)")
+
+
+def _load_tokenizer(path: Path | None):
+    if path is None:
+        from pipeline.serving import tokenizer as pinned
+
+        try:
+            return pinned.load(), {"tokenizer": "pinned", "tokenizer_sha256": pinned.pin()["sha256"]}
+        except pinned.TokenizerError as exc:
+            raise ReplayError(str(exc)) from None
+    import hashlib
+
+    from tokenizers import Tokenizer
+
+    try:
+        data = path.read_bytes()
+        tok = Tokenizer.from_str(data.decode("utf-8"))
+    except OSError as exc:
+        raise ReplayError(f"--tokenizer {path}: cannot read it ({exc.strerror})") from None
+    except Exception as exc:  # tokenizers raises its own Exception type for a file it cannot parse
+        raise ReplayError(f"--tokenizer {path}: not a tokenizer.json that tokenizers can load ({exc})") from None
+    return tok, {"tokenizer": str(path), "tokenizer_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def load_dataset(path: Path) -> tuple[str, list[dict[str, Any]], str]:
+    """(system, conversations, content sha256) of a dataset file, refused with every structural problem."""
+    from pipeline.serving import dataset
+
+    try:
+        document = dataset.read(path)
+    except dataset.DatasetError as exc:
+        raise ReplayError(str(exc)) from None
+    errors = dataset.check_structure(document)
+    if errors:
+        shown = "\n  ".join(errors[:20])
+        raise ReplayError(f"{path} is not a dataset the replay can use:\n  {shown}\n"
+                          f"(python -m pipeline serving dataset check {path} lists everything)")
+    sha = dataset.content_sha256(document)
+    recorded = document["metadata"]["content_sha256"]
+    if sha != recorded:
+        raise ReplayError(f"{path}: its content has sha256 {sha}, but its metadata says {recorded}: "
+                          "the file was edited after it was generated; generate it again")
+    return document["system"], document["conversations"], sha
+
+
+def write_json(document: dict[str, Any], path: Path) -> None:
+    """Written beside and renamed, so an interrupted write never leaves half a record file."""
+    import orjson
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_bytes(orjson.dumps(document))
+    os.replace(partial, path)
+
+
+def replay_command(args) -> int:
+    """Replay one concurrency level against a running server and write every turn's record.
+
+    Exit 0 when the run completed and OUT was written (valid or not: the printed summary says, and
+    metrics.py decides); 1 when the server is not ready, the flush fails or an input is unusable.
+    """
+    from pipeline.serving import metrics
+
+    try:
+        system, conversations, sha = load_dataset(args.dataset)
+        tok, tok_facts = _load_tokenizer(args.tokenizer)
+        document = asyncio.run(run(
+            args.url, system, conversations, tok, engine=args.engine, concurrency=args.concurrency,
+            window_s=args.window, warmup_s=args.warmup, seed=args.seed, turn_timeout_s=args.turn_timeout,
+            model=args.model, facts={"dataset": str(args.dataset), "dataset_sha256": sha, **tok_facts}))
+    except (ReplayError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    level = metrics.level(document, gpus=args.gpus)
+    document["level"] = level
+    write_json(document, args.json)
+    print(metrics.summary_text(level))
+    print(f"wrote {len(document['turns'])} turn records to {args.json}")
+    return 0
+
+
+COMMANDS = {"replay": (_register, replay_command)}

@@ -1,0 +1,277 @@
+"""A scripted OpenAI-compatible streaming server: a real HTTP process whose timing the test controls.
+
+Run as `python tests/serving/scripted_server.py [--port P]`; it prints `PORT <n>` once it listens (port 0
+picks a free one) and serves until killed. The tests talk to it over loopback like the replayer talks to
+an engine:
+
+  POST /v1/chat/completions  an SSE stream of chat.completion.chunk objects, one word a chunk by default
+                             (each word is one token under the pinned tokenizer and under the tests'
+                             word-level one), for the forced length the body asks for (SGLang's
+                             `max_tokens`, or transformers' `generation_config` string)
+  GET  /health               200 (503 while the script says unhealthy)
+  POST /flush_cache          200, counted (the script can make it answer 400, as SGLang does while busy)
+  POST /_script              replace the script (JSON, the fields of SCRIPT below) and clear the log
+  GET  /_log                 what was received: every request's body, its start and end on the server's
+                             perf_counter_ns clock, the most requests in flight at once, the flushes
+
+The script's modes: `ttft_s` and `token_s` set the timing; `buffer` computes the stream with that timing
+but sends it all at the end; `short_by` stops that many tokens early (and says finish_reason "stop");
+`fail_every` answers every k-th request with HTTP 500; `usage_factor` makes `usage` lie about the
+completion tokens and claim every prompt token was cached; `hang_s` stalls before the first token;
+`break_after` cuts the connection after that many tokens; `timestamps` puts the server's send time
+(`t_send_ns`, perf_counter_ns: the same clock as the client's on this machine) in every chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from aiohttp import web
+
+SCRIPT = {
+    "ttft_s": 0.0,
+    "token_s": 0.0,
+    "words_per_chunk": 1,
+    "buffer": False,
+    "short_by": 0,
+    "fail_every": 0,
+    "usage_factor": 1.0,
+    "hang_s": 0.0,
+    "break_after": None,
+    "timestamps": False,
+    "record_bodies": True,
+    "healthy": True,
+    "flush_status": 200,
+    "done": True,
+}
+
+# Common English words, each one token for Qwen's BPE (a leading space and letters are one pre-token).
+WORDS = (" the", " of", " and", " to", " in", " is", " that", " it", " for", " on", " with", " as", " was",
+         " by", " at", " from", " this", " be", " or", " an")
+
+
+class State:
+    def __init__(self) -> None:
+        self.script = dict(SCRIPT)
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests: list[dict] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.flushes = 0
+        self.count = 0
+
+
+def forced_length(body: dict) -> int:
+    if body.get("generation_config") is not None:
+        # transformers serve's convention: a JSON string (an object there is a server error)
+        config = json.loads(body["generation_config"])
+        return int(config["max_new_tokens"])
+    return int(body.get("max_tokens") or 16)
+
+
+def chunk(cid: str, content: str | None, finish: str | None = None, t_send: int | None = None) -> bytes:
+    choice: dict = {"index": 0, "delta": {} if content is None else {"content": content}}
+    if finish is not None:
+        choice["finish_reason"] = finish
+    obj: dict = {"id": cid, "object": "chat.completion.chunk", "created": 0, "model": "scripted",
+                 "choices": [choice]}
+    if t_send is not None:
+        obj["t_send_ns"] = t_send
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    state: State = request.app["state"]
+    script = state.script
+    t_start = time.perf_counter_ns()
+    body = await request.json()
+    state.count += 1
+    index = state.count
+    entry = {"index": index, "t_start_ns": t_start, "t_end_ns": None,
+             "body": body if script["record_bodies"] else {k: v for k, v in body.items() if k != "messages"}}
+    state.requests.append(entry)
+    state.in_flight += 1
+    state.max_in_flight = max(state.max_in_flight, state.in_flight)
+    try:
+        if script["fail_every"] and index % script["fail_every"] == 0:
+            return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
+        n = forced_length(body)
+        sent = max(0, n - int(script["short_by"]))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        cid = f"chatcmpl-{index}"
+        per = max(1, int(script["words_per_chunk"]))
+        stamps = script["timestamps"]
+        pending: list[bytes] = []
+        if script["hang_s"]:
+            await asyncio.sleep(script["hang_s"])
+        if script["ttft_s"]:
+            await asyncio.sleep(script["ttft_s"])
+        await resp.write(chunk(cid, None) if not script["buffer"] else b"")
+        k = 0
+        while k < sent:
+            words = "".join(WORDS[(index + j) % len(WORDS)] for j in range(k, min(sent, k + per)))
+            k = min(sent, k + per)
+            data = chunk(cid, words, t_send=time.perf_counter_ns() if stamps else None)
+            if script["buffer"]:
+                pending.append(data)
+            else:
+                await resp.write(data)
+            if script["break_after"] is not None and k >= script["break_after"]:
+                # an abrupt end of the connection mid-stream: no final chunk, no terminating chunk
+                request.transport.close()
+                return resp
+            if script["token_s"] and k < sent:
+                await asyncio.sleep(script["token_s"])
+        factor = float(script["usage_factor"])
+        prompt = sum(len(str(m.get("content", ""))) // 4 for m in body.get("messages", []))
+        usage = {"prompt_tokens": prompt, "completion_tokens": int(round(sent * factor)),
+                 "total_tokens": prompt + int(round(sent * factor))}
+        if factor != 1.0:
+            usage["prompt_tokens_details"] = {"cached_tokens": prompt}
+        pending.append(chunk(cid, None, finish="length" if sent == n else "stop"))
+        # usage in a chunk of its own with no choices, as SGLang sends it under include_usage
+        pending.append(b"data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "choices": [],
+                                               "usage": usage}).encode() + b"\n\n")
+        if script["done"]:
+            pending.append(b"data: [DONE]\n\n")
+        await resp.write(b"".join(pending))
+        await resp.write_eof()
+        return resp
+    finally:
+        state.in_flight -= 1
+        entry["t_end_ns"] = time.perf_counter_ns()
+
+
+async def health(request: web.Request) -> web.Response:
+    ok = request.app["state"].script["healthy"]
+    return web.Response(status=200 if ok else 503, text="ok" if ok else "starting")
+
+
+async def flush(request: web.Request) -> web.Response:
+    state: State = request.app["state"]
+    state.flushes += 1
+    status = int(state.script["flush_status"])
+    return web.Response(status=status, text="Cache flushed.\n" if status == 200 else "pending requests\n")
+
+
+async def set_script(request: web.Request) -> web.Response:
+    state: State = request.app["state"]
+    update = await request.json()
+    unknown = set(update) - set(SCRIPT)
+    if unknown:
+        return web.json_response({"error": f"unknown script fields {sorted(unknown)}"}, status=400)
+    state.script = {**SCRIPT, **update}
+    state.reset()
+    return web.json_response(state.script)
+
+
+async def get_log(request: web.Request) -> web.Response:
+    state: State = request.app["state"]
+    return web.json_response({"requests": state.requests, "max_in_flight": state.max_in_flight,
+                              "in_flight": state.in_flight, "flushes": state.flushes})
+
+
+async def main(port: int) -> None:
+    app = web.Application(client_max_size=256 * 1024 ** 2)
+    app["state"] = State()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", health)
+    app.router.add_route("*", "/flush_cache", flush)
+    app.router.add_post("/_script", set_script)
+    app.router.add_get("/_log", get_log)
+    # handler_cancellation: a client that gives up (a turn timeout) ends its handler, as in a real engine
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    sockets = site._server.sockets  # the bound port, when port 0 asked for a free one
+    print(f"PORT {sockets[0].getsockname()[1]}", flush=True)
+    await asyncio.Event().wait()
+
+
+class Server:
+    """The server as a child process of a test: start(), script(**fields), log(), stop().
+
+    Used as a context manager; stop() kills it and waits, so nothing is left running.
+    """
+
+    def __init__(self, env: dict | None = None):
+        self.proc = None
+        self.port = None
+        self.env = env
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "Server":
+        import subprocess
+        import urllib.request
+
+        self.proc = subprocess.Popen([sys.executable, __file__, "--port", "0"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=self.env)
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+            self.stop()
+            raise RuntimeError(f"the scripted server did not start: {line!r} {err[-2000:]}")
+        self.port = int(line.split()[1])
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the scripted server never answered /health")
+            time.sleep(0.05)
+
+    def _call(self, path: str, payload: dict | None = None) -> dict:
+        import urllib.request
+
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def script(self, **fields) -> dict:
+        """Replace the script (unnamed fields take their defaults) and clear the log."""
+        return self._call("/_script", fields)
+
+    def log(self) -> dict:
+        return self._call("/_log")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait(timeout=10)
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream:
+                    stream.close()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    try:
+        asyncio.run(main(args.port))
+    except KeyboardInterrupt:
+        sys.exit(0)
