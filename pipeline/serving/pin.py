@@ -162,7 +162,8 @@ def extract(archive: Path, pin: Pin, cache: Path | None = None) -> Path:
         top = pin.sdist["top"]
         with tarfile.open(archive, "r:gz") as tar:
             members = tar.getmembers()
-            strays = [m.name for m in members if m.name != top and not m.name.startswith(top + "/")]
+            strays = [m.name for m in members if (m.name != top and not m.name.startswith(top + "/"))
+                      or ".." in m.name.split("/")]
             if strays:
                 raise PinError(f"{archive.name}: {len(strays)} member(s) outside {top}/ (first: {strays[0]!r}); "
                                "refusing to extract it")
