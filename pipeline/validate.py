@@ -77,6 +77,9 @@ class Change:
     copied_from: str | None = None  # a copy's source (status "added"): read, never changed
     header_problem: str | None = None  # how a diff's header names for this file disagree
     header_names: tuple[str, ...] = ()  # the other names that header carries: each is checked as touched
+    # the whole new content where it was read (a checkout, a blob, a new file's hunks): a serving
+    # patch.diff is gated on it (pipeline/serving/gate.py)
+    content: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class Verdict:
     notices: list[str] = field(default_factory=list)
     submission: Submission | None = None
     files: list[str] = field(default_factory=list)
+    patch_gate: dict[str, Any] | None = None  # a serving patch's gate verdict (pipeline/serving/gate.py)
 
     @property
     def ok(self) -> bool:
@@ -116,6 +120,7 @@ class Verdict:
             "violations": [asdict(v) for v in self.violations],
             "notices": list(self.notices),
             "files": list(self.files),
+            "patch_gate": self.patch_gate,
         }
 
     def text(self) -> str:
@@ -216,9 +221,11 @@ def _folder_hint(track: str, problem: str, author: str) -> str:
 
 def check(changes: Iterable[Change], author: str, *, problems: Iterable[str], competition: "Competition | None" = None,
           now: dt.datetime | None = None, recent_evaluations: list[dt.datetime] | None = None,
-          rate_limit: int | None = None) -> Verdict:
+          rate_limit: int | None = None, serving_tree: Path | None = None) -> Verdict:
     """Apply every rule to a PR's changes; `recent_evaluations` are the author's evaluations in the last
-    hour (the gate reads them from the API), checked against `rate_limit` (default: the competition's)."""
+    hour (the gate reads them from the API), checked against `rate_limit` (default: the competition's).
+    A serving patch.diff whose content is known also goes through the patch gate, against
+    `serving_tree` (default: the pinned SGLang, fetched into its cache if need be)."""
     changes = list(changes)
     problems = set(problems)
     verdict = Verdict(author=author, files=[c.path for c in changes])
@@ -273,6 +280,8 @@ def check(changes: Iterable[Change], author: str, *, problems: Iterable[str], co
         else:
             verdict.submission = Submission(track, problem or None, facts["login"], facts["folder"], main.path,
                                             main.blob_sha)
+            if track == "serving":
+                _gate_patch(verdict, main, add, serving_tree)
     if competition is not None and targets:
         _calendar_notes(verdict, competition, {t for t, _ in targets}, now)
         limit = rate_limit or competition.rate_limit_per_hour
@@ -286,6 +295,33 @@ def check(changes: Iterable[Change], author: str, *, problems: Iterable[str], co
                       f"{limit} per competitor per hour. The next slot opens at {opens}: push again or ask "
                       "for the run-eval label then"))
     return verdict
+
+
+def _gate_patch(verdict: Verdict, c: Change, add, tree: Path | None) -> None:
+    """The serving patch gate on the patch.diff's content; its reasons become violations of that file
+    (rule `patch-<rule>`, the message naming the patched file and the line of the patch), its flags notes."""
+    if c.content is None:
+        if not any(v.path == c.path for v in verdict.violations):
+            verdict.notices.append(f"{c.path} was not read whole here (a diff shows only its hunks), so the patch rules "
+                                   "were not applied; they are where the file is read (validate --tree, and the gate)")
+        return
+    from pipeline.serving import gate
+    from pipeline.serving.pin import PinError, load_pin, tree_path
+
+    try:
+        pin = load_pin()
+        result = gate.gate(c.content, tree or tree_path(pin), pin)
+    except (PinError, gate.GateUnavailable) as exc:
+        add(Violation(c.path, "patch-gate-unavailable", f"the patch could not be checked against the pinned SGLang "
+                      f"({exc}); nothing was evaluated: push again later, or ask a maintainer"))
+        return
+    verdict.patch_gate = result.as_dict()
+    for r in result.reasons:
+        where = ", ".join(x for x in (r.file, f"line {r.line} of the patch" if r.line else "") if x)
+        add(Violation(c.path, f"patch-{r.rule}", f"{where}: {r.message}" if where else r.message))
+    for f in result.flags:
+        verdict.notices.append(f"flagged for a maintainer's review: {f.file}, line {f.line} of the patch "
+                               f"({f.pattern}): {f.why}")
 
 
 def _check_path(c: Change, author: str, problems: set[str], targets: dict, add) -> None:
@@ -752,6 +788,7 @@ def _resolve(sec: _Section) -> DiffFile:
     change = Change(path=path, status=status, previous_path=previous, old_mode=old_mode, new_mode=new_mode,
                     binary=binary, size=size, size_at_least=max(len(added), sec.literal_size or 0),
                     copied_from=copied_from, header_names=extra if problems else (),
+                    content=added if whole and not binary else None,
                     header_problem=("; ".join(problems) + f" (the file's diff starts at line {sec.line}); "
                                     f"{REGENERATE}") if problems else None)
     return DiffFile(change, added, sec.line)
@@ -799,7 +836,7 @@ def _measure(c: Change, tree: Path) -> Change:
         binary = binary or b"\0" in data or not _is_utf8(data)
         from pipeline.result import git_blob_sha
 
-        return replace(c, size=size, binary=binary, blob_sha=git_blob_sha(data))
+        return replace(c, size=size, binary=binary, blob_sha=git_blob_sha(data), content=data)
     return replace(c, size=size, binary=binary)
 
 
@@ -846,7 +883,7 @@ def _from_tree(gh: "GitHub", head_sha: str, change: Change, limit: int) -> Chang
     if entry.size is not None and entry.size > limit:
         return change
     data = gh.blob(entry.sha)
-    return replace(change, size=len(data), binary=b"\0" in data or not _is_utf8(data))
+    return replace(change, size=len(data), binary=b"\0" in data or not _is_utf8(data), content=data)
 
 
 # ---- the verdict as the PR comment shows it ----

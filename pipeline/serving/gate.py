@@ -144,6 +144,23 @@ def _case_variant(name: str, tree: _Tree) -> str | None:
     return None
 
 
+def _shadowed(name: str, tree: _Tree) -> str | None:
+    """What of the tree a new file would shadow at import: a new `x.py` beside a folder `x/` (a module
+    wins over a namespace package, and may set __path__), or a new folder `x/` beside a module `x.py`
+    (a package wins over a module)."""
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        folder = "/".join(parts[:i])
+        if folder in tree.dirs:
+            continue
+        if folder + ".py" in tree.files:
+            return folder + ".py"
+        break
+    if name.endswith(".py") and name[:-3] in tree.dirs:
+        return name[:-3] + "/"
+    return None
+
+
 def _path_reasons(name: str, line: int, rules: dict, tree: _Tree | None) -> list[Reason]:
     from pipeline.validate import _easy_to_miss, printable
 
@@ -339,6 +356,11 @@ def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    crlf = next((n for n, line in enumerate(lines, 1) if line.startswith("diff --git ") and line.endswith("\r")), None)
+    if crlf:
+        refuse("", crlf, "line-endings", "the patch has Windows line endings (CRLF), which git reads as part of every "
+               "name and line; write it with LF endings (git diff does; check core.autocrlf)")
+        return verdict()  # every other reason would be this one again
 
     # reader 1: validate's (names, modes, statuses, headers that disagree)
     try:
@@ -418,6 +440,11 @@ def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
                    f"keep every file {REGULAR}")
         elif c.new_mode and c.new_mode != REGULAR:
             refuse(f.path, f.line, "mode-change", f"mode {c.new_mode}; every file must be a plain {REGULAR} file")
+        if c.status == "added" and tree_index is not None:
+            shadow = _shadowed(c.path, tree_index)
+            if shadow:
+                refuse(f.path, f.line, "shadows-module", f"would take the place of {shadow} when Python imports it (a "
+                       "module and a package of one name): a patch may add modules, never shadow the tree's own")
         if f.path not in non_utf8 and (c.binary or f.binary):
             refuse(f.path, f.line, "binary", "binary content (or a NUL byte); a patch may change only text files")
 
@@ -522,10 +549,39 @@ def _pinned_version() -> str:
 
 # ---- flags ----
 
+def denied_modules(rules: dict) -> list[str]:
+    """The dotted names of the denied paths that are modules or packages (python/sglang/srt/layers/
+    sampler.py -> sglang.srt.layers.sampler); the anywhere-patterns (**/test_*.py) name none."""
+    out = []
+    for deny in rules.get("deny", []):
+        p = deny["pattern"]
+        base = p.removesuffix("/**")
+        if p.startswith("python/") and "*" not in base:
+            out.append(base.removeprefix("python/").removesuffix(".py").replace("/", "."))
+    return out
+
+
+_IMPORT = re.compile(r"^\s*(from\s+\S+\s+import\b|import\b)")
+
+
+def _module_reference(text: str, modules: list[str]) -> str | None:
+    for mod in modules:
+        if re.search(r"(?<![\w.])" + re.escape(mod) + r"(?!\w)", text):
+            return mod
+        if _IMPORT.match(text) and re.search(r"(?<!\w)" + re.escape(mod.rsplit(".", 1)[-1]) + r"(?!\w)", text):
+            return mod
+    return None
+
+
 def _flags(pin: "Pin", patch: bytes, tree: Path, files: list[_File]) -> list[Flag]:
     found: list[Flag] = []
     spec = pin.flags
+    modules = denied_modules(pin.rules) if spec.get("denied_module_references") else []
     for f in files:
+        for n, text in f.added_lines:
+            mod = _module_reference(text, modules)
+            if mod:
+                found.append(Flag(f.path, n, f"module:{mod}", spec["denied_module_references"], text.strip()[:160]))
         for rule in spec.get("added_line", []):
             pattern = re.compile(re.escape(rule["pattern"]), re.IGNORECASE)
             for n, text in f.added_lines:
@@ -604,8 +660,11 @@ def gate_file(path: Path, tree: Path | None = None, pin: "Pin | None" = None) ->
     try:
         data = read_patch(path, pin.rules["max_bytes"])
     except UnreadableFile as exc:
-        rule = "too-large" if "bytes" in str(exc) else "unreadable"
-        return GateVerdict(accepted=False, reasons=[Reason("", 0, rule, f"the patch file is {exc}")])
+        if "bytes" in str(exc):  # "N bytes, more than L" or "more than L bytes"
+            size = str(exc).split(" bytes")[0]
+            return GateVerdict(accepted=False, reasons=[Reason("", 0, "too-large", f"the patch is {size} bytes; the "
+                                                               f"limit is {pin.rules['max_bytes']:,} bytes")])
+        return GateVerdict(accepted=False, reasons=[Reason("", 0, "unreadable", f"the patch file is {exc}")])
     if tree is None:
         try:
             tree = tree_path(pin)
