@@ -320,8 +320,8 @@ def _gate_patch(verdict: Verdict, c: Change, add, tree: Path | None) -> None:
         where = ", ".join(x for x in (r.file, f"line {r.line} of the patch" if r.line else "") if x)
         add(Violation(c.path, f"patch-{r.rule}", f"{where}: {r.message}" if where else r.message))
     for f in result.flags:
-        verdict.notices.append(f"flagged for a maintainer's review: {f.file}, line {f.line} of the patch "
-                               f"({f.pattern}): {f.why}")
+        where = f"{f.file}, line {f.line} of the patch " if f.file else ""
+        verdict.notices.append(f"flagged for a maintainer's review: {where}({f.pattern}): {f.why}")
 
 
 def _check_path(c: Change, author: str, problems: set[str], targets: dict, add) -> None:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 REGULAR = "100644"
 GIT_TIMEOUT_S = 60
 MAX_REASONS_PER_RULE = 50  # a 5,000-line patch of non-UTF-8 text is one problem, not 5,000
+MAX_FLAGS_PER_PATTERN = 20
 MAKE_IT = ("make the patch in a clone of SGLang at the pinned tag with `git diff` (see sglang_pin/README.md)")
 
 
@@ -85,8 +86,8 @@ class GateVerdict:
                 where = f"{r.file or '(the patch)'}" + (f" (patch line {r.line})" if r.line else "")
                 lines.append(f"  {where}: [{r.rule}] {r.message}")
         for f in self.flags:
-            lines.append(f"  flag: {f.file} (patch line {f.line}): [{f.pattern}] {f.why}"
-                         + (f": {f.text}" if f.text else ""))
+            where = f"{f.file} (patch line {f.line}): " if f.file else ""
+            lines.append(f"  flag: {where}[{f.pattern}] {f.why}" + (f": {f.text}" if f.text else ""))
         return "\n".join(printable(line) for line in lines)
 
 
@@ -281,10 +282,11 @@ def git_apply(root: Path, patch: bytes, *extra: str) -> subprocess.CompletedProc
     return _git(["apply", "-p1", "--whitespace=nowarn", *extra, "-"], Path(root), patch)
 
 
-def _numstat(out: bytes) -> dict[str, tuple[int | None, int | None]] | str:
+def _numstat(out: bytes) -> dict[str, list[tuple[int | None, int | None]]] | str:
     """git apply --numstat -z: `added TAB removed TAB path NUL` (`-` for binary; a rename's path alone is
-    its new name). A string when the output is not that."""
-    stats: dict[str, tuple[int | None, int | None]] = {}
+    its new name), in the patch's order; a path the patch names twice has two entries. A string when
+    the output is not that."""
+    stats: dict[str, list[tuple[int | None, int | None]]] = {}
     for record in out.split(b"\0"):
         if not record:
             continue
@@ -294,7 +296,7 @@ def _numstat(out: bytes) -> dict[str, tuple[int | None, int | None]] | str:
         a, r, p = fields
         name = p.decode("utf-8", "surrogateescape")
         try:
-            stats[name] = (None if a == b"-" else int(a), None if r == b"-" else int(r))
+            stats.setdefault(name, []).append((None if a == b"-" else int(a), None if r == b"-" else int(r)))
         except ValueError:
             return f"an entry git apply --numstat wrote that is not `added, removed, path`: {record[:80]!r}"
     return stats
@@ -506,7 +508,9 @@ def _git_view(patch: bytes, tree: Path, files: list[_File], reasons: list[Reason
     if isinstance(stats, str):
         refuse("", 0, "header-mismatch", stats)
         return
-    ours = {f.path: (None if f.binary else f.added, None if f.binary else f.removed) for f in files}
+    ours: dict[str, list[tuple[int | None, int | None]]] = {}
+    for f in files:
+        ours.setdefault(f.path, []).append((None, None) if f.binary else (f.added, f.removed))
     for path in sorted(set(stats) | set(ours)):
         f = owner(path)
         line = f.line if f else 0
@@ -516,10 +520,14 @@ def _git_view(patch: bytes, tree: Path, files: list[_File], reasons: list[Reason
         elif path not in stats:
             refuse(path, line, "header-mismatch", f"git apply does not touch {path}, which the patch names: a header "
                    f"that lies or a malformed patch; {MAKE_IT}")
-        elif stats[path] != ours[path] and ours[path] != (None, None):
-            (ga, gr), (ua, ur) = stats[path], ours[path]
-            refuse(path, line, "header-mismatch", f"git reads +{ga} -{gr} lines for this file, unidiff +{ua} -{ur}: a "
-                   f"hunk header that lies about its line counts, or a malformed patch; {MAKE_IT}")
+        elif len(stats[path]) != len(ours[path]):
+            refuse(path, line, "header-mismatch", f"git reads {len(stats[path])} diff(s) of this file, the patch's "
+                   f"headers {len(ours[path])}: a header that lies or a malformed patch; {MAKE_IT}")
+        else:
+            for (ga, gr), (ua, ur) in zip(stats[path], ours[path]):
+                if (ua, ur) != (None, None) and (ga, gr) != (ua, ur):
+                    refuse(path, line, "header-mismatch", f"git reads +{ga} -{gr} lines for this file, unidiff "
+                           f"+{ua} -{ur}: a hunk header that lies about its line counts, or a malformed patch; {MAKE_IT}")
     # git's own reading of modes, creations, deletions, renames and copies: what the readers above missed
     family = {"symlink": "mode", "submodule": "mode", "mode-change": "mode"}
     already = {(r.file, family.get(r.rule, r.rule)) for r in reasons}
@@ -595,7 +603,15 @@ def _flags(pin: "Pin", patch: bytes, tree: Path, files: list[_File]) -> list[Fla
         if f is not None and _route_changed(pin, patch, tree, rule):
             found.append(Flag(f.path, f.line, f"route:{rule['route']}", rule["why"]))
     found.sort(key=lambda x: (x.line, x.pattern))
-    return found
+    kept, seen = [], {}
+    for flag in found:  # a pattern on every line of a big file is one thing to look at, not thousands
+        seen[flag.pattern] = seen.get(flag.pattern, 0) + 1
+        if seen[flag.pattern] <= MAX_FLAGS_PER_PATTERN:
+            kept.append(flag)
+    for pattern, n in seen.items():
+        if n > MAX_FLAGS_PER_PATTERN:
+            kept.append(Flag("", 0, pattern, f"and {n - MAX_FLAGS_PER_PATTERN} more added lines like these"))
+    return kept
 
 
 def route_handler(source: str, route: str) -> str | None:

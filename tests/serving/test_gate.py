@@ -88,6 +88,13 @@ def test_each_added_line_pattern_is_flagged_with_its_line(sglang_pin, scratch, s
         assert line.startswith("+") and rule["pattern"] in line
 
 
+def test_flags_are_capped_per_pattern(scratch, sglang_tree, sglang_pin):
+    data = patches._new_file(scratch, P + "srt/layers/many.py", "".join(f"F{i} = 'ignore_eos'\n" for i in range(100)))
+    verdict = g.gate(data, sglang_tree, sglang_pin)
+    assert verdict.accepted and len(verdict.flags) == g.MAX_FLAGS_PER_PATTERN + 1
+    assert verdict.flags[-1].why == "and 80 more added lines like these"
+
+
 def test_the_flush_route_is_flagged_only_when_its_handler_changes(sglang_tree):
     source = (sglang_tree / patches.HTTP).read_text()
     handler = g.route_handler(source, "/flush_cache")
