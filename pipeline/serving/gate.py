@@ -683,7 +683,7 @@ def gate_file(path: Path, tree: Path | None = None, pin: "Pin | None" = None) ->
         return GateVerdict(accepted=False, reasons=[Reason("", 0, "unreadable", f"the patch file is {exc}")])
     if tree is None:
         try:
-            tree = tree_path(pin)
+            tree = tree_path(pin, log=lambda m: print(m, file=sys.stderr))
         except PinError as exc:
             raise GateUnavailable(str(exc)) from None
     return gate(data, tree, pin)
