@@ -440,8 +440,10 @@ def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
         elif c.old_mode and c.new_mode and c.old_mode != c.new_mode:
             refuse(f.path, f.line, "mode-change", f"changes the file's mode from {c.old_mode} to {c.new_mode}; "
                    f"keep every file {REGULAR}")
-        elif c.new_mode and c.new_mode != REGULAR:
-            refuse(f.path, f.line, "mode-change", f"mode {c.new_mode}; every file must be a plain {REGULAR} file")
+        elif c.new_mode and c.new_mode != REGULAR and c.status != "modified":
+            # a new file's mode; a modified file's `index` line only repeats the mode it has (two of the tree's
+            # files are 100755), which git apply leaves as it is
+            refuse(f.path, f.line, "mode-change", f"mode {c.new_mode}; every new file must be a plain {REGULAR} file")
         if c.status == "added" and tree_index is not None:
             shadow = _shadowed(c.path, tree_index)
             if shadow:
