@@ -325,3 +325,38 @@ def test_the_pr_fixture_for_a_valid_serving_submission_is_current(tmp_path, scra
     diff, _ = _pr_diff(tmp_path, patches.valid_srt(scratch))
     assert diff.read_bytes() == committed
     assert main(["validate", "--diff", str(diff), "--author", "bob"]) == 0
+
+
+def test_validate_gates_the_patch_it_reads_through_the_api(httpserver, monkeypatch, tmp_path, scratch):
+    """gate.yml's path: the PR's files from the API, the patch.diff's content from its blob."""
+    from github_fake import FakeGitHub, fake_sha
+
+    fake = FakeGitHub(httpserver)
+    for key, value in fake.env().items():
+        monkeypatch.setenv(key, value)
+    path = "submissions/serving/bob/patch.diff"
+    head = fake.add_commit({path: ("100644", patches.shadow_namespace(scratch))}, sha=fake_sha("head", "shadow"))
+    fake.add_pull(7, "bob", head, [{"filename": path, "status": "added"}])
+    out = tmp_path / "verdict.json"
+    assert main(["validate", "--pr", "7", "--json", str(out)]) == 1
+    verdict = json.loads(out.read_text())
+    assert [(v["path"], v["rule"]) for v in verdict["violations"]] == [(path, "patch-shadows-module")]
+    assert f"{P}srt/sampling.py, line 1 of the patch: " in verdict["violations"][0]["message"]
+
+
+def test_a_changed_patch_is_gated_whole_from_the_checkout(tmp_path, scratch):
+    """A push that changes an existing patch.diff: the PR's diff shows only hunks of it, so the gate reads
+    the whole file from the checkout (validate.yml passes --tree); without one it says it did not gate."""
+    path = "submissions/serving/bob/patch.diff"
+    repo = Scratch(tmp_path / "competition", tmp_path, ())
+    repo.write(path, patches.valid_srt(scratch))
+    repo.git("add", "-A")
+    repo.git("commit", "-qm", "bob's first patch")
+    repo.write(path, patches.valid_srt(scratch) + patches.dotdot(scratch))
+    diff = tmp_path / "pr.diff"
+    diff.write_bytes(repo.diff())
+    out = tmp_path / "verdict.json"
+    assert main(["validate", "--diff", str(diff), "--author", "bob", "--tree", str(repo.root), "--json", str(out)]) == 1
+    assert "patch-dotdot-path" in {v["rule"] for v in json.loads(out.read_text())["violations"]}
+    assert main(["validate", "--diff", str(diff), "--author", "bob", "--json", str(out)]) == 0
+    assert any("were not applied" in n for n in json.loads(out.read_text())["notices"])
