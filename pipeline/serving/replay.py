@@ -71,6 +71,9 @@ FAILED = ("http_error", "broken", "stream_error", "timeout")
 STATUSES = ("ok", "short", *FAILED, "cancelled")
 
 DEFAULT_TURN_TIMEOUT_S = 300.0
+# SGLang refuses a flush while requests are pending (the previous level's may still be draining): retry.
+FLUSH_ATTEMPTS = 20
+FLUSH_RETRY_S = 0.5
 
 
 class ReplayError(Exception):
@@ -135,19 +138,18 @@ def system_message(system: str, marker: str, pass_: int) -> dict[str, str]:
     return {"role": "system", "content": f"{tag}\n\n{system}"}
 
 
-async def _flush(session, url: str, adapter: engines.Adapter, attempts: int = 20) -> dict[str, Any]:
+async def _flush(session, url: str, adapter: engines.Adapter) -> dict[str, Any]:
     if adapter.flush_path is None:
         return {"flushed": None, "why": f"{adapter.name} keeps no cache the replay can flush"}
     last = ""
-    for _ in range(attempts):
+    for _ in range(FLUSH_ATTEMPTS):
         async with session.post(url + adapter.flush_path) as resp:
             text = (await resp.text())[:300]
             if resp.status == 200:
                 return {"flushed": True, "response": text.strip()}
             last = f"HTTP {resp.status}: {text.strip()}"
-        # SGLang refuses to flush while requests are pending; the previous level's may still be draining.
-        await asyncio.sleep(0.5)
-    raise ReplayError(f"the cache flush {url}{adapter.flush_path} failed {attempts} times (last: {last}); "
+        await asyncio.sleep(FLUSH_RETRY_S)
+    raise ReplayError(f"the cache flush {url}{adapter.flush_path} failed {FLUSH_ATTEMPTS} times (last: {last}); "
                       "a level must start from an empty cache: check that the server is idle")
 
 
@@ -301,7 +303,8 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 raise result
     for turn in opened:
-        if turn.status is None:
+        if turn.status in (None, "cancelled"):
+            # open when the window closed: it ends at the stop, whenever its task noticed the cancel
             turn.status, turn.end_ns = "cancelled", stopped
     records = _records(opened, tokenizer, origin)
     window_start = int(warmup_s * 1e9)

@@ -18,7 +18,8 @@ The script's modes: `ttft_s` and `token_s` set the timing; `buffer` computes the
 but sends it all at the end; `short_by` stops that many tokens early (and says finish_reason "stop");
 `fail_every` answers every k-th request with HTTP 500; `usage_factor` makes `usage` lie about the
 completion tokens and claim every prompt token was cached; `hang_s` stalls before the first token;
-`break_after` cuts the connection after that many tokens; `timestamps` puts the server's send time
+`break_after` cuts the connection after that many tokens; `split_words` sends each word in two chunks
+(" th", "e": a token split across chunks); `timestamps` puts the server's send time
 (`t_send_ns`, perf_counter_ns: the same clock as the client's on this machine) in every chunk.
 """
 
@@ -36,6 +37,7 @@ SCRIPT = {
     "ttft_s": 0.0,
     "token_s": 0.0,
     "words_per_chunk": 1,
+    "split_words": False,
     "buffer": False,
     "short_by": 0,
     "fail_every": 0,
@@ -63,7 +65,7 @@ class State:
         self.requests: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
-        self.flushes = 0
+        self.flushes: list[int] = []  # perf_counter_ns of each flush call
         self.count = 0
 
 
@@ -119,8 +121,15 @@ async def chat(request: web.Request) -> web.StreamResponse:
             words = "".join(WORDS[(index + j) % len(WORDS)] for j in range(k, min(sent, k + per)))
             k = min(sent, k + per)
             data = chunk(cid, words, t_send=time.perf_counter_ns() if stamps else None)
+            if script["split_words"]:
+                data = chunk(cid, words[:2]) + chunk(cid, words[2:])
             if script["buffer"]:
                 pending.append(data)
+            elif script["split_words"]:
+                head, _, tail = data.partition(b"\n\n")
+                await resp.write(head + b"\n\n")
+                await asyncio.sleep(0.001)  # so the halves arrive as two reads, at two times
+                await resp.write(tail)
             else:
                 await resp.write(data)
             if script["break_after"] is not None and k >= script["break_after"]:
@@ -156,7 +165,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def flush(request: web.Request) -> web.Response:
     state: State = request.app["state"]
-    state.flushes += 1
+    state.flushes.append(time.perf_counter_ns())
     status = int(state.script["flush_status"])
     return web.Response(status=status, text="Cache flushed.\n" if status == 200 else "pending requests\n")
 

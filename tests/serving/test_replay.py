@@ -1,0 +1,400 @@
+"""The closed-loop replayer against a real streaming server process whose timing the test scripts.
+
+One scripted server (tests/serving/scripted_server.py) runs for the module; each test sets its script,
+replays for a fraction of a second, and checks the records against what the server received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.serving import metrics, replay
+from scripted_server import WORDS, Server, forced_length
+
+SYSTEM = "You are a coding agent. Tools: bash."
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """A word-level tokenizer of the server's words (the real `tokenizers` library; one word, one token)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w.strip(): i for i, w in enumerate(WORDS)}
+    vocab["[UNK]"] = len(vocab)
+    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return t
+
+
+def conversations(n=6, turns=5, max_tokens=8, canary=()):
+    out = []
+    for i in range(n):
+        cid = f"conv{i}"
+        spec = []
+        for k in range(turns):
+            messages = ([{"role": "user", "content": f"{cid} task"}] if k == 0 else
+                        [{"role": "tool", "tool_call_id": f"call_{i}_{k}", "name": "bash", "content": f"{cid} output {k}"}])
+            spec.append({"messages": messages, "max_tokens": max_tokens, "canary": i in canary,
+                         "reply": f"{cid} fixed reply {k}"})
+        out.append({"id": cid, "canary": i in canary, "turns": spec})
+    return out
+
+
+def run(server, tok, convs, *, c=1, window=0.5, warmup=0.0, engine="sglang", seed=7, timeout=30.0, **kw):
+    return asyncio.run(replay.run(server.url, SYSTEM, convs, tok, engine=engine, concurrency=c, window_s=window,
+                                  warmup_s=warmup, seed=seed, turn_timeout_s=timeout, **kw))
+
+
+def served_reply(request: dict, short_by: int = 0) -> str:
+    """The text the scripted server streamed for a request (its words follow from its index)."""
+    n = forced_length(request["body"]) - short_by
+    return "".join(WORDS[(request["index"] + j) % len(WORDS)] for j in range(n))
+
+
+def test_lanes_thread_the_whole_history_and_start_staggered(server, tok):
+    convs = conversations(n=6, turns=5, max_tokens=8, canary=(5,))
+    server.script(token_s=0.001)
+    doc = run(server, tok, convs, c=4, window=0.8, warmup=0.2)
+    log = server.log()
+    requests = log["requests"]
+    marker = doc["facts"]["marker"]
+    assert len(requests) == len(doc["turns"]) > 20
+
+    # Lane discipline: never more than c requests in flight, and the c lanes kept it full.
+    assert log["max_in_flight"] == 4
+    by_lane: dict[int, list[dict]] = {}
+    for r in sorted(doc["turns"], key=lambda r: r["send_ns"]):
+        by_lane.setdefault(r["lane"], []).append(r)
+    assert sorted(by_lane) == [0, 1, 2, 3]
+    for lane, records in by_lane.items():
+        # staggered: lane i starts its first conversation at turn floor(i * 5 / 4)
+        assert records[0]["turn"] == replay.start_turn(lane, 4, 5) == (lane * 5) // 4
+        for prev, nxt in zip(records, records[1:]):
+            assert prev["end_ns"] <= nxt["send_ns"]  # one turn at a time per lane
+            if nxt["turn"] > 0:
+                assert (nxt["conversation"], nxt["turn"]) == (prev["conversation"], prev["turn"] + 1)
+            else:
+                assert prev["turn"] == 4  # a new conversation only once the last one ended
+
+    # History threading: every request is the system message, then each earlier turn's messages and its
+    # reply (the live one the server streamed for that turn's own request; the dataset's fixed one
+    # before a lane's starting turn and throughout a canary), then this turn's messages.
+    by_prefix = {json.dumps(r["body"]["messages"]): r for r in requests}
+    spec = {c["id"]: c for c in convs}
+    fixed_used = 0
+    for r in requests:
+        messages = r["body"]["messages"]
+        assert messages[0]["role"] == "system"
+        assert re.fullmatch(re.escape(marker) + r"(/[0-9]+)?\n\n" + re.escape(SYSTEM), messages[0]["content"])
+        cid = messages[1]["content"].split()[0]
+        turns = spec[cid]["turns"]
+        expected, k, live_seen = [messages[0]], 0, False
+        position = 1
+        while True:
+            expected.extend(turns[k]["messages"])
+            position += len(turns[k]["messages"])
+            if position == len(messages):
+                break
+            earlier = by_prefix.get(json.dumps(messages[:position]))
+            if earlier is not None and not spec[cid]["canary"]:
+                reply, live_seen = served_reply(earlier), True
+            else:
+                assert not live_seen, "a fixed reply after a live one: only a lane's start is filled in"
+                reply = turns[k]["reply"]
+                fixed_used += 1
+            expected.append({"role": "assistant", "content": reply})
+            position += 1
+            k += 1
+        assert messages == expected
+    assert fixed_used > 0
+
+
+def test_a_marker_begins_every_request_and_differs_per_run(server, tok):
+    convs = conversations(n=2, turns=2, max_tokens=3)
+    server.script()
+    first = run(server, tok, convs, c=1, window=0.3)
+    firsts = server.log()["requests"]
+    server.script()
+    second = run(server, tok, convs, c=1, window=0.3)
+    seconds = server.log()["requests"]
+    m1, m2 = first["facts"]["marker"], second["facts"]["marker"]
+    assert m1 != m2 and m1.startswith("run ") and len(m1) == len("run ") + 16
+    for marker, requests, doc in ((m1, firsts, first), (m2, seconds, second)):
+        passes = {r["pass"] for r in doc["turns"]}
+        assert max(passes) >= 2  # two conversations replayed over and over
+        for req, rec in zip(requests, sorted(doc["turns"], key=lambda r: r["send_ns"])):
+            system = req["body"]["messages"][0]
+            tag = marker if rec["pass"] == 0 else f"{marker}/{rec['pass']}"
+            assert system["role"] == "system" and system["content"].startswith(tag + "\n\n")
+
+
+def test_the_queue_is_seeded(server, tok):
+    queue_a, queue_b = replay.ConversationQueue(5, seed=3), replay.ConversationQueue(5, seed=3)
+    order = [queue_a.next() for _ in range(10)]
+    assert order == [queue_b.next() for _ in range(10)]
+    assert sorted(i for i, p in order if p == 0) == list(range(5)) and {p for _, p in order} == {0, 1}
+    assert order != [replay.ConversationQueue(5, seed=4).next() for _ in range(10)]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "transformers", "openai"])
+def test_each_engine_gets_its_forced_length_and_flush(server, tok, engine):
+    server.script()
+    doc = run(server, tok, conversations(n=2, turns=2, max_tokens=5), c=1, window=0.2, engine=engine)
+    log = server.log()
+    bodies = [r["body"] for r in log["requests"]]
+    assert bodies and all(b["stream"] is True and b["temperature"] == 0 for b in bodies)
+    if engine == "sglang":
+        assert len(log["flushes"]) == 1 and log["flushes"][0] < log["requests"][0]["t_start_ns"]
+        assert doc["facts"]["flush"]["flushed"] is True
+        assert all(b["max_tokens"] == 5 and b["ignore_eos"] is True for b in bodies)
+    elif engine == "transformers":
+        assert log["flushes"] == [] and doc["facts"]["flush"]["flushed"] is None
+        for b in bodies:
+            assert "ignore_eos" not in b and "max_tokens" not in b and "stream_options" not in b
+            assert isinstance(b["generation_config"], str)  # transformers serve json.loads it
+            assert json.loads(b["generation_config"]) == {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}
+    else:
+        assert log["flushes"] == []
+        assert all(b["max_tokens"] == 5 and "ignore_eos" not in b and "generation_config" not in b for b in bodies)
+    assert {r["status"] for r in doc["turns"]} <= {"ok", "cancelled"}
+
+
+def test_a_refused_flush_or_an_unready_server_stops_the_run(server, tok, monkeypatch):
+    monkeypatch.setattr(replay, "FLUSH_ATTEMPTS", 3)
+    monkeypatch.setattr(replay, "FLUSH_RETRY_S", 0.01)
+    server.script(flush_status=400)
+    with pytest.raises(replay.ReplayError, match="flush .* failed 3 times .*HTTP 400"):
+        run(server, tok, conversations(), c=2)
+    assert len(server.log()["flushes"]) == 3 and server.log()["requests"] == []
+    server.script(healthy=False)
+    with pytest.raises(replay.ReplayError, match="not ready: GET /health answered HTTP 503"):
+        run(server, tok, conversations(), c=2)
+    with pytest.raises(replay.ReplayError, match="cannot be reached"):
+        asyncio.run(replay.run("http://127.0.0.1:9", SYSTEM, conversations(), tok, engine="openai",
+                               concurrency=1, window_s=0.1, warmup_s=0, seed=0))
+
+
+def test_tokens_count_inside_the_window_and_open_work_is_cancelled(server, tok):
+    # one turn far longer than the run, 2 ms a token: it is still open when the window closes
+    server.script(token_s=0.002)
+    doc = run(server, tok, conversations(n=1, turns=1, max_tokens=100_000), c=1, window=0.6, warmup=0.3)
+    (turn,) = doc["turns"]
+    facts = doc["facts"]
+    assert turn["status"] == "cancelled" and turn["end_ns"] == facts["stopped_ns"] >= facts["window_end_ns"]
+    start, end = facts["window_start_ns"], facts["window_end_ns"]
+    inside = sum(n for t, n in zip(turn["chunk_ns"], turn["chunk_tokens"]) if start <= t < end)
+    before = sum(n for t, n in zip(turn["chunk_ns"], turn["chunk_tokens"]) if t < start)
+    assert before > 20 and inside > 50 and turn["tokens"] == before + inside + sum(
+        n for t, n in zip(turn["chunk_ns"], turn["chunk_tokens"]) if t >= end)
+    lv = metrics.level(doc, gpus=1)
+    assert lv["tokens_in_window"] == inside
+    assert lv["T"] == pytest.approx(inside / 0.6)
+    assert lv["T"] <= 1 / 0.002 * 1.05  # no more than the server can send
+    assert lv["window_turns"] == 0 and lv["I"] is None  # a cancelled turn is not a user's turn
+    # the server saw the client go: its handler ended
+    deadline = time.monotonic() + 5
+    while server.log()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.log()["in_flight"] == 0
+
+
+def test_buffering_the_stream_gains_nothing_in_u(server, tok):
+    convs = conversations(n=2, turns=20, max_tokens=20)
+    levels = {}
+    for buffer in (False, True):
+        server.script(ttft_s=0.02, token_s=0.01, buffer=buffer)
+        levels[buffer] = metrics.level(run(server, tok, convs, c=1, window=1.2), gpus=1)
+    streamed, buffered = levels[False], levels[True]
+    assert streamed["valid"] and buffered["valid"] and streamed["window_turns"] >= 3
+    assert buffered["I"] == pytest.approx(streamed["I"], rel=0.15)
+    assert buffered["unscored"]["ttft_p50_ms"] > 5 * streamed["unscored"]["ttft_p50_ms"]
+
+
+def test_a_server_that_stops_early_invalidates_the_level(server, tok):
+    convs = conversations(n=3, turns=3, max_tokens=10)
+    server.script(short_by=1)  # max_tokens - 1: the allowed slack
+    lv = metrics.level(run(server, tok, convs, c=2, window=0.3), gpus=1)
+    assert lv["valid"], lv["invalid_reasons"]
+    server.script(short_by=2)
+    doc = run(server, tok, convs, c=2, window=0.3)
+    lv = metrics.level(doc, gpus=1)
+    assert not lv["valid"] and "short of max_tokens - 1" in lv["invalid_reasons"][0]
+    shorts = [r for r in doc["turns"] if r["status"] == "short"]
+    assert shorts and all(r["tokens_streamed"] == 8 and "8 tokens streamed" in r["error"] for r in shorts)
+
+
+def test_two_percent_failed_turns_invalidate_the_level(server, tok):
+    server.script(fail_every=50)
+    doc = run(server, tok, conversations(n=8, turns=10, max_tokens=4), c=4, window=1.0)
+    lv = metrics.level(doc, gpus=1)
+    failed = [r for r in doc["turns"] if r["status"] == "http_error"]
+    ended = [r for r in doc["turns"] if r["status"] != "cancelled"]
+    assert len(ended) >= 100
+    assert len(failed) == len(server.log()["requests"]) // 50 and "HTTP 500" in failed[0]["error"]
+    assert not lv["valid"] and "turns failed" in lv["invalid_reasons"][0]
+    # a failed turn ends its conversation: the lane's next turn starts another one
+    turns = sorted(doc["turns"], key=lambda r: r["send_ns"])
+    for f in failed:
+        after = [r for r in turns if r["lane"] == f["lane"] and r["send_ns"] > f["send_ns"]]
+        assert not after or after[0]["turn"] == 0
+
+
+def test_a_turn_counts_at_most_its_max_tokens(server, tok):
+    server.script(short_by=-3)  # three words more than asked for
+    doc = run(server, tok, conversations(n=2, turns=3, max_tokens=6), c=1, window=0.3)
+    ok = [r for r in doc["turns"] if r["status"] == "ok"]
+    assert ok and all(r["tokens"] == 6 and r["tokens_streamed"] == 9 and sum(r["chunk_tokens"]) == 6 for r in ok)
+    assert all(r["chunk_tokens"] == [1] * 6 + [0] * 3 and r["end_ns"] == r["chunk_ns"][5] for r in ok)
+
+
+def test_usage_lies_are_logged_and_ignored(server, tok):
+    server.script(usage_factor=10.0)
+    doc = run(server, tok, conversations(n=2, turns=3, max_tokens=6), c=2, window=0.3)
+    done = [r for r in doc["turns"] if r["status"] == "ok"]
+    assert done and all(r["tokens"] == 6 and r["usage"]["completion_tokens"] == 60 for r in done)
+    lv = metrics.level(doc, gpus=1)
+    start, end = doc["facts"]["window_start_ns"], doc["facts"]["window_end_ns"]
+    counted = sum(n for r in doc["turns"] for t, n in zip(r["chunk_ns"], r["chunk_tokens"]) if start <= t < end)
+    claimed = sum(r["usage"]["completion_tokens"] for r in doc["turns"] if r["usage"])
+    assert lv["tokens_in_window"] == counted and claimed > 5 * counted
+    assert lv["unscored"]["cache_hit_rate_untrusted"] == 1.0  # reported as the server claims it, unscored
+    # a server that stops early and claims the full length in usage is still short
+    server.script(short_by=3, usage_factor=2.0)
+    doc = run(server, tok, conversations(n=2, turns=3, max_tokens=6), c=1, window=0.3)
+    ended = [r for r in doc["turns"] if r["status"] != "cancelled"]
+    assert ended and all(r["status"] == "short" and r["tokens_streamed"] == 3 and r["usage"]["completion_tokens"] == 6
+                         for r in ended)
+
+
+def test_timeouts_and_broken_streams_are_failed_turns(server, tok):
+    server.script(hang_s=5.0)
+    doc = run(server, tok, conversations(n=3, turns=3, max_tokens=4), c=2, window=1.0, timeout=0.3)
+    timeouts = [r for r in doc["turns"] if r["status"] == "timeout"]
+    assert len(timeouts) >= 4
+    for r in timeouts:
+        assert 0.29e9 <= r["end_ns"] - r["send_ns"] < 0.6e9 and "turn timeout of 0.3 s" in r["error"]
+    assert not metrics.level(doc, gpus=1)["valid"]
+
+    server.script(break_after=3)
+    doc = run(server, tok, conversations(n=3, turns=3, max_tokens=8), c=2, window=0.3)
+    broken = [r for r in doc["turns"] if r["status"] == "broken"]
+    assert broken and all(r["tokens"] == 3 for r in broken)
+    assert not metrics.level(doc, gpus=1)["valid"]
+
+
+def test_canaries_replay_fixed_history_and_keep_their_tokens(server, tok):
+    convs = conversations(n=2, turns=3, max_tokens=5, canary=(0,))
+    server.script()
+    doc = run(server, tok, convs, c=1, window=0.3)
+    for req in server.log()["requests"]:
+        messages = req["body"]["messages"]
+        if messages[1]["content"].startswith("conv0"):
+            replies = [m["content"] for m in messages if m["role"] == "assistant"]
+            assert replies == [f"conv0 fixed reply {k}" for k in range(len(replies))]
+    canary = [r for r in doc["turns"] if r["canary"] and r["status"] == "ok"]
+    other = [r for r in doc["turns"] if not r["canary"]]
+    assert canary and other and all("token_ids" not in r for r in other)
+    assert all(len(r["token_ids"]) == 5 for r in canary)
+
+
+def test_tokens_split_across_chunks_belong_to_the_chunk_that_completes_them(server, tok):
+    server.script(split_words=True, token_s=0.002)
+    doc = run(server, tok, conversations(n=1, turns=2, max_tokens=6), c=1, window=0.3)
+    r = next(r for r in doc["turns"] if r["status"] == "ok")
+    assert r["chunk_tokens"] == [0, 1] * 6 and r["tokens"] == 6
+    assert r["first_ns"] == r["chunk_ns"][1] > r["chunk_ns"][0]
+
+
+def test_attribution_follows_the_offsets_of_the_whole_reply():
+    # chunk ends (characters so far) 3, 5, 9; tokens ending at 2, 3, 7, 9 and one (a trailing space) at 9
+    assert replay.attribute([3, 5, 9], [2, 3, 7, 9, 9]) == [2, 0, 3]
+
+
+def test_pinned_tokenizer_counts_by_offsets_like_counting_each_prefix():
+    from pipeline.serving import tokenizer as pinned
+
+    try:
+        tok = pinned.load()
+    except pinned.TokenizerError as exc:
+        pytest.fail(f"the pinned tokenizer does not load: {exc}")
+    text = "def naïve(x):\n    return x  # ✓ 漢字 ok\n" * 3
+    ends = list(range(1, len(text) + 1))  # a chunk per character, the worst case for a split token
+    enc = tok.encode(text, add_special_tokens=False)
+    per_chunk = replay.attribute(ends, [end for _, end in enc.offsets])
+    assert sum(per_chunk) == len(enc.ids) == pinned.count(text)
+    token_ends = {end for _, end in enc.offsets}
+    assert len(token_ends) < len(ends)  # some characters end no token (a word still growing)...
+    so_far, checked = 0, 0
+    for end, n in zip(ends, per_chunk):
+        so_far += n
+        if end in token_ends:
+            # ...and where the text received so far ends a token, the count so far is the prefix's own count
+            assert so_far == pinned.count(text[:end]), repr(text[:end])
+            checked += 1
+    assert checked == len(token_ends)
+    # offsets are in characters (a multi-byte character's byte tokens all end with it)
+    assert max(token_ends) == len(text)
+
+
+def _cli(server, dataset_path, out, *extra):
+    cmd = [sys.executable, "-m", "pipeline", "serving", "replay", "--url", server.url, "--dataset", str(dataset_path),
+           "--concurrency", "2", "--window", "0.6", "--warmup", "0.2", "--engine", "sglang", "--seed", "1",
+           "--json", str(out), "--turn-timeout", "10", *extra]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_replay_command_replays_the_public_sample_with_the_pinned_tokenizer(server, tmp_path):
+    """The CLI end to end: the committed public sample (dataset.py's file), the pinned tokenizer by default."""
+    from pipeline.serving import dataset, tokenizer as pinned
+
+    sample = ROOT / "datasets" / "serving" / "public-sample.json.gz"
+    document = dataset.read(sample)
+    out = tmp_path / "out" / "replay.json"
+    server.script(token_s=0.001, record_bodies=False)
+    done = _cli(server, sample, out, "--gpus", "2")
+    assert done.returncode == 0, done.stderr
+    written = json.loads(out.read_text())
+    facts = written["facts"]
+    assert facts["dataset_sha256"] == document["metadata"]["content_sha256"] == dataset.content_sha256(document)
+    assert facts["tokenizer"] == "pinned" and facts["tokenizer_sha256"] == pinned.pin()["sha256"]
+    assert written["level"]["valid"] and written["level"]["gpus"] == 2 and written["level"]["T"] > 0
+    ok = [r for r in written["turns"] if r["status"] == "ok"]
+    # the server's words are one Qwen token each: the pinned tokenizer counts exactly max_tokens
+    assert ok and all(r["tokens"] == r["max_tokens"] for r in ok)
+    ids = {c["id"] for c in document["conversations"]}
+    assert {r["conversation"] for r in written["turns"]} <= ids
+    assert "c=2" in done.stdout and f"to {out}" in done.stdout
+
+
+def test_replay_command_refuses_an_edited_dataset_and_writes_nothing(server, tmp_path):
+    from pipeline.serving import dataset
+
+    document = dataset.read(ROOT / "datasets" / "serving" / "public-sample.json.gz")
+    document["conversations"][0]["turns"][0]["max_tokens"] += 1  # edited after generation
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(document))
+    out = tmp_path / "replay.json"
+    done = _cli(server, edited, out)
+    assert done.returncode == 1 and "edited after it was generated" in done.stderr and not out.exists()
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    done = _cli(server, broken, out)
+    assert done.returncode == 1 and "not JSON" in done.stderr and not out.exists()
+    server.script(healthy=False)
+    done = _cli(server, ROOT / "datasets" / "serving" / "public-sample.json.gz", out)
+    assert done.returncode == 1 and "not ready" in done.stderr and not out.exists()
