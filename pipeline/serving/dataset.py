@@ -824,6 +824,10 @@ def shared_prefix(corpus: str, trees: list[Tree], shape: Shape) -> str:
     return _trim_to_tokens("".join(kept), shape.prefix_tokens)
 
 
+# A first turn ends within this many tokens below its drawn size (the draw stays this far above the minimum).
+FIRST_TURN_SLACK = 80
+
+
 def first_turn(tree: Tree, rng: random.Random, budget: int, fn: Function) -> str:
     """The task and the repository context: the task, a listing of the package, then whole relevant files
     (the task's own first) until about `budget` tokens."""
@@ -831,25 +835,37 @@ def first_turn(tree: Tree, rng: random.Random, budget: int, fn: Function) -> str
     package = fn.path.rsplit("/", 1)[0]
     listing = "\n".join(f for f in tree.files if f.startswith(package + "/") or "/" not in f)
     text = f"{task}\n\nRepository: {tree.name} (git checkout, Python).\n\nFiles:\n{listing}\n\n"
-    used = _count(text)
     others = [f for f in tree.py_files if f != fn.path]
     rng.shuffle(others)
-    for rel in [fn.path, *others]:
+    files = iter([fn.path, *others])
+    used = _count(text)
+    while budget - used > FIRST_TURN_SLACK:
+        rel = next(files, None)
+        if rel is None:
+            break
         block = f"{rel}:\n```\n"
         room = budget - used - _count(block) - 12
-        if room < 50:
+        if room < 20:
             break
-        lines = tree.lines(rel)
-        kept, left = _trim_lines(lines, tree.line_tokens(rel), room)
+        kept, left = _trim_lines(tree.lines(rel), tree.line_tokens(rel), room)
         if not kept:
             continue
         body = "".join(kept)
         if not body.endswith("\n"):
             body += "\n"
-        piece = block + body + ("```\n\n" if not left else f"[... {left} more lines]\n```\n\n")
-        text += piece
-        # the file's own counts plus the fences: a running total, exact to a token or two a file
-        used += _count(block) + sum(tree.line_tokens(rel)[:len(kept)]) + 8
+        text += block + body + ("```\n\n" if not left else f"[... {left} more lines]\n```\n\n")
+        # counted again whole: the sum of a file's counts and the fences is only near the joined text's
+        used = _count(text)
+    return _trim_to_tokens(text, budget)
+
+
+def followup(ws: Workspace, rng: random.Random, budget: int) -> str:
+    """A user's message between tool outputs: a remark, and when there is room what the user ran themselves."""
+    text = _fill(rng.choice(FOLLOWUPS), rng, ws.tree)
+    room = budget - _count(text) - 12
+    if room >= 60 and rng.random() < 0.5:
+        _command, output = tool_output(ws, rng, room)
+        text += f"\n\nThis is what I get here:\n```\n{output.rstrip()}\n```"
     return _trim_to_tokens(text, budget)
 
 
@@ -922,7 +938,8 @@ class Plan:
 
 def _plan(rng: random.Random, shape: Shape, prefix: int, window: int) -> Plan:
     for _attempt in range(1000):
-        plan = Plan(turns=rng.randint(*shape.turns), first=rng.randint(*shape.first_turn))
+        plan = Plan(turns=rng.randint(*shape.turns),
+                    first=rng.randint(shape.first_turn[0] + FIRST_TURN_SLACK, shape.first_turn[1]))
         for _ in range(plan.turns - 1):
             r = rng.random()
             tool = lambda: ("tool", _lognormal(rng, shape.tool_median, shape.tool_p95, 16, shape.tool_max, shape))  # noqa: E731
@@ -963,8 +980,7 @@ def _conversation(index: int, seed: int, corpus: str, trees: list[Tree], workspa
                              "content": content})
                 cmds.append(command)
             else:
-                text = _fill(rng.choice(FOLLOWUPS), rng, tree)
-                made.append({"role": "user", "content": _trim_to_tokens(text, budget)})
+                made.append({"role": "user", "content": followup(ws, rng, budget)})
         turns_messages.append(made)
         commands.append(cmds)
         repros.append(repro)
