@@ -1,18 +1,21 @@
 """Tune the fused W4A16 MoE (reference/_fused_moe_w4a16.py) on the H200 and keep the result as data.
 
-For each workload of muse_moe_w4a16 (full model) and each block configuration of a small grid, the
-fused path is timed as the evaluator times a submission: warm-up calls, one CUDA graph of k calls over
-rotated input sets (each set is 1.5 GB, so every call reads cold weights), replays back to back behind
-a GPU sleep, the median over 1 s. The best configuration per token count is written to
-reference/configs/fused_moe_w4a16.json with the machine it was measured on and this command, so no
-search is ever repeated; the current baseline (moe_torch) and the floor are printed beside it. GPU only.
+For each token count M (the workloads of muse_moe_w4a16 and of the decode layer: 1, 16, 32; the prefill
+layer's: 2048, 4096, 8192) and each block configuration of a grid for its regime (decode: BM 16, the
+memory-bound case; prefill: BM 64-128, the compute-bound case), the fused path is timed as the evaluator
+times a submission: warm-up calls, one CUDA graph of k calls over rotated input sets (each set is
+1.5 GB, so every call reads cold weights), replays back to back, the median over --seconds. The best
+configuration per M is merged into reference/configs/fused_moe_w4a16.json after each M (a run cut short
+keeps what it finished), with the machine it was measured on and this command, so no search is ever
+repeated; moe_torch (the old baseline) and the floor are printed beside it. GPU only.
 
-    python benchmarks/tune_fused_moe.py [--write] [--seconds 0.5] [--json OUT]
+    python benchmarks/tune_fused_moe.py [--write] [--m 1 --m 16 ...] [--seconds 0.4] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -33,7 +36,13 @@ from pipeline.problems import load_problem  # noqa: E402
 
 import _fused_moe_w4a16 as fused  # noqa: E402
 
-GRID = {"BM": [16, 32, 64], "BN": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4]}
+GRIDS = {  # by regime: M <= 64 reads weights (memory-bound), larger M is compute-bound
+    "decode": {"SCHEME": [0, 1], "DEQ": [0, 1], "BM": [16], "BN": [32, 64, 128], "num_warps": [4, 8],
+               "num_stages": [2, 3]},
+    "prefill": {"SCHEME": [0, 1], "DEQ": [1], "BM": [64, 128], "BN": [64, 128], "num_warps": [4, 8],
+                "num_stages": [3]},
+}
+DEFAULT_M = (1, 16, 32, 2048, 4096, 8192)
 KEYS = ("x", "topk_ids", "topk_weights", "w13", "w13_scale", "w2", "w2_scale")
 
 
@@ -52,24 +61,43 @@ def time_us(fn, sets: list[dict], seconds: float) -> float:
     return statistics.median(xs)
 
 
+def write(best: dict[int, dict]) -> None:
+    """Merge the best configurations into the kept file (other M's entries stay)."""
+    old = json.loads(fused.CONFIGS.read_text()) if fused.CONFIGS.is_file() else {}
+    configs = {int(m): c for m, c in old.get("configs", {}).items()}
+    configs.update(best)
+    fused.CONFIGS.parent.mkdir(parents=True, exist_ok=True)
+    fused.CONFIGS.write_text(json.dumps({
+        "measured": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                     "triton": __import__("triton").__version__,
+                     "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                     "command": "python benchmarks/tune_fused_moe.py --write"},
+        "configs": {str(m): c for m, c in sorted(configs.items())}}, indent=2) + "\n")
+    print(f"wrote {fused.CONFIGS}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true", help="write the best configurations to " + str(fused.CONFIGS))
-    ap.add_argument("--seconds", type=float, default=0.5, help="sampling per configuration and workload")
+    ap.add_argument("--m", type=int, action="append", help=f"token counts to tune (default {DEFAULT_M})")
+    ap.add_argument("--seconds", type=float, default=0.4, help="sampling per configuration and workload")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     problem = load_problem("muse_moe_w4a16")
     ref = problem.reference
     ceilings = device_ceilings()
     rows, best = [], {}
-    for shape in problem.shapes("full", kinds=("workload",)):
+    for m in args.m or DEFAULT_M:
+        base = problem.shape("M1")
+        shape = dataclasses.replace(base, name=f"M{m}", params={**base.params, "M": m})
         sets = [ref.make_inputs(shape, 100 + r, "cuda") for r in range(2)]
         floor = floor_us(ref.floor(shape), ceilings)
-        base_us = time_us(ref.baseline, sets, args.seconds)
+        base_us = time_us(ref.baseline, sets, args.seconds) if m <= 64 else float("nan")
         print(f"{shape.name}: baseline (moe_torch) {base_us:,.1f} us, floor {floor:,.1f} us", flush=True)
+        grid = GRIDS["decode" if m <= 64 else "prefill"]
         results = []
-        for values in itertools.product(*GRID.values()):
-            cfg = dict(zip(GRID, values))
+        for values in itertools.product(*grid.values()):
+            cfg = dict(zip(grid, values))
             try:
                 us = time_us(lambda s, cfg=cfg: fused.fused_moe(*(s[k] for k in KEYS), config=cfg), sets, args.seconds)
             except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped
@@ -84,23 +112,16 @@ def main() -> None:
                      "fused_over_floor": us / floor, "config": cfg, "top5": results[:5]})
         print(f"{shape.name}: best {cfg}: {us:,.2f} us = {us / floor:.2f}x the floor, "
               f"{base_us / us:.1f}x faster than moe_torch", flush=True)
+        if args.write:
+            write({m: cfg})
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
         del sets
         torch.cuda.empty_cache()
     print("\n| workload | moe_torch us | fused us | floor us | fused / floor | config |\n| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['workload']} | {r['baseline_us']:,.1f} | {r['fused_us']:,.2f} | {r['floor_us']:,.1f} | "
               f"{r['fused_over_floor']:.2f}x | {r['config']} |")
-    if args.write:
-        fused.CONFIGS.parent.mkdir(parents=True, exist_ok=True)
-        fused.CONFIGS.write_text(json.dumps({
-            "measured": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                         "triton": __import__("triton").__version__,
-                         "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                         "command": "python benchmarks/tune_fused_moe.py --write"},
-            "configs": {str(m): c for m, c in sorted(best.items())}}, indent=2) + "\n")
-        print(f"wrote {fused.CONFIGS}")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """The fused W4A16 MoE path SGLang takes on an H200, written for this repository (issue 12): the
-baseline-to-be of muse_moe_w4a16 and of the layers' experts. Not the default baseline until it has been
-tuned and measured on the H200 (docs/BENCHMARKS.md): `baseline_fused` in muse_moe_w4a16.py.
+baseline of muse_moe_w4a16 and the layers' experts on a GPU (on a CPU they keep moe_torch, which the
+interpreter would not slow down). Tuned and measured on the H200: docs/BENCHMARKS.md.
 
 1. `align_block_size`: the M*topk (token, expert) pairs sorted by expert, each expert's run padded to a
    multiple of the block size BM with a sentinel, and the expert of each block of BM rows, all on the
    device with fixed-size tensors (no host synchronisation: CUDA-graph capturable). The grid covers the
    worst case (every expert's run padded), and blocks past the real end exit at once.
 2. `_gate_up`: per block of BM pairs (one expert) and BN columns of the intermediate, the gate and the
-   up GEMMs over K = H in steps of one quantisation group: the int4 nibbles unpacked and centred in the
-   kernel (exact in bf16), one bf16 tensor-core dot per group, the group's scale applied to the fp32
-   partial product; silu(gate) * up fused, stored in bf16.
+   up GEMMs over K = H in steps of one quantisation group, the int4 nibbles unpacked in the kernel
+   (`_group_step`: two schemes and two ways to unpack, chosen per token count by the tuning), bf16
+   tensor-core dots accumulated in fp32; silu(gate) * up fused, stored in bf16.
 3. `_down`: the w2 GEMM of each block over K = I the same way, each pair's top-k weight applied, one
-   row per pair; the sum over top-k is one reduction afterwards (deterministic, as SGLang's moe_sum).
+   bf16 row per pair (as SGLang's intermediate cache); `_sum_topk` then sums the top-k rows of each token
+   in fp32 (deterministic, as SGLang's moe_sum_reduce), with the layer's residual added when given.
 Block configurations per token count live in `configs/fused_moe_w4a16.json` (as SGLang keeps per-shape
 JSON configs); `benchmarks/tune_fused_moe.py` writes them on the H200.
 
@@ -34,14 +35,37 @@ try:
 except ImportError:  # pragma: no cover - the evaluator's machines have Triton; this module needs it
     triton = None
 
-CONFIGS = Path(__file__).resolve().parent / "configs" / "fused_moe_w4a16.json"
-DEFAULT_CONFIG = {"BM": 16, "BN": 64, "num_warps": 4, "num_stages": 3}
+# The tuned block configurations are part of the baseline: its identity hashes them with the code.
+BASELINE_DATA = ("configs/fused_moe_w4a16.json",)
+CONFIGS = Path(__file__).resolve().parent / BASELINE_DATA[0]
+DEFAULT_CONFIG = {"BM": 16, "BN": 32, "num_warps": 4, "num_stages": 3, "SCHEME": 0, "DEQ": 1}
+# The one-program alignment kernel compares every pair with every other (NP^2 work in registers).
+ALIGN_KERNEL_MAX_PAIRS = 256
 
 
 def align_block_size(topk_ids: torch.Tensor, num_experts: int, bm: int):
     """(sorted_pairs [max_padded] int32, block_expert [max_blocks] int32, padded_total [1] int32): the
     pairs (indices into topk_ids.flatten()) grouped by expert in expert order, each group padded to a
-    multiple of `bm` with the sentinel M*topk; block b's expert, or `num_experts` past the end."""
+    multiple of `bm` with the sentinel M*topk; block b's expert, or `num_experts` past the end.
+
+    Up to ALIGN_KERNEL_MAX_PAIRS pairs (decode batches) one Triton program does it all (one launch, as
+    SGLang's moe_align_block_size kernel); more pairs (prefill), a few PyTorch ops whose cost is small
+    beside the GEMMs."""
+    n_pairs = topk_ids.numel()
+    max_padded = (n_pairs + num_experts * (bm - 1) + bm - 1) // bm * bm
+    if triton is not None and n_pairs <= ALIGN_KERNEL_MAX_PAIRS and topk_ids.is_contiguous():
+        device = topk_ids.device
+        sorted_pairs = torch.empty(max_padded, dtype=torch.int32, device=device)
+        block_expert = torch.empty(max_padded // bm, dtype=torch.int32, device=device)
+        total = torch.empty(1, dtype=torch.int32, device=device)
+        _align[(1,)](topk_ids, sorted_pairs, block_expert, total, n_pairs, max_padded, max_padded // bm,
+                     E=num_experts, BM=bm, NP=max(16, triton.next_power_of_2(n_pairs)),
+                     EB=max(16, triton.next_power_of_2(num_experts)), CHUNK=256, num_warps=4)
+        return sorted_pairs, block_expert, total
+    return _align_torch(topk_ids, num_experts, bm, max_padded)
+
+
+def _align_torch(topk_ids: torch.Tensor, num_experts: int, bm: int, max_padded: int):
     flat = topk_ids.reshape(-1).to(torch.int64)
     n_pairs = flat.numel()
     device = flat.device
@@ -55,8 +79,6 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, bm: int):
     expert_of_sorted = flat[order]
     rank = torch.arange(n_pairs, device=device) - start[expert_of_sorted]
     dest = padded_start[expert_of_sorted] + rank
-    max_padded = n_pairs + num_experts * (bm - 1)
-    max_padded = (max_padded + bm - 1) // bm * bm
     sorted_pairs = torch.full((max_padded,), n_pairs, dtype=torch.int32, device=device)
     sorted_pairs.scatter_(0, dest, order.to(torch.int32))
     block_starts = torch.arange(0, max_padded, bm, device=device)
@@ -96,20 +118,84 @@ if triton is not None:
         return v.to(tl.bfloat16)
 
     @triton.jit
-    def _group_dot(a, packed, F32: tl.constexpr):
-        """a [BM, GROUP] bf16 times the int4 tile `packed` [BN, GROUP // 2] (two nibbles a byte, the low
-        one first along K), centred: [BM, BN] float32, not yet scaled."""
-        lo = (packed & 0xF).to(tl.int32) - 8
-        hi = ((packed >> 4) & 0xF).to(tl.int32) - 8
-        q = tl.interleave(lo, hi)  # [BN, GROUP]: even k from the low nibbles, odd k from the high ones
-        if F32:
-            return tl.dot(a.to(tl.float32), tl.trans(q.to(tl.float32)))
-        return tl.dot(a, tl.trans(q.to(tl.bfloat16)))
+    def _align(ids_ptr, pairs_ptr, block_expert_ptr, total_ptr, n_pairs, max_padded, max_blocks,
+               E: tl.constexpr, BM: tl.constexpr, NP: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr):
+        """One program: counts per expert, padded offsets, each pair's rank among the earlier pairs of its
+        expert (stable, so the order is align_torch's), the sentinel fill, then the scatter."""
+        i = tl.arange(0, NP)
+        ids = tl.load(ids_ptr + i, mask=i < n_pairs, other=-1).to(tl.int32)  # lanes past the end: no expert
+        e = tl.arange(0, EB)
+        onehot = (ids[None, :] == e[:, None]).to(tl.int32)  # [EB, NP]
+        counts = tl.sum(onehot, 1)
+        padded = (counts + BM - 1) // BM * BM
+        padded_end = tl.cumsum(padded, 0)
+        padded_start = padded_end - padded
+        total = tl.sum(padded, 0)
+        same_before = (ids[None, :] == ids[:, None]) & (i[None, :] < i[:, None])  # [NP(i), NP(j)]
+        rank = tl.sum(same_before.to(tl.int32), 1)
+        start_of = tl.sum(tl.where(ids[:, None] == e[None, :], padded_start[None, :], 0), 1)  # [NP]
+        for c in range(0, max_padded, CHUNK):
+            at = c + tl.arange(0, CHUNK)
+            tl.store(pairs_ptr + at, tl.full([CHUNK], 0, tl.int32) + n_pairs, mask=at < max_padded)
+        tl.debug_barrier()  # the fill lands before the scatter overwrites it
+        tl.store(pairs_ptr + start_of + rank, i, mask=i < n_pairs)
+        for c in range(0, max_blocks, CHUNK):
+            blk = c + tl.arange(0, CHUNK)
+            ended = (padded_end[None, :] <= (blk * BM)[:, None]) & (e[None, :] < E)  # [CHUNK, EB]
+            tl.store(block_expert_ptr + blk, tl.sum(ended.to(tl.int32), 1), mask=blk < max_blocks)
+        tl.store(total_ptr, total)
+
+    @triton.jit
+    def _sum_topk(pair_ptr, res_ptr, out_ptr, H, TOPK: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                  BY_HAND: tl.constexpr):
+        """out[m] = (residual[m] +) sum over k of pair_out[m, k]: fp32 sum, one bf16 rounding."""
+        m = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < H
+        acc = tl.zeros([BLOCK], tl.float32)
+        for k in tl.static_range(TOPK):
+            acc += tl.load(pair_ptr + (m * TOPK + k) * H + cols, mask=ok, other=0.0).to(tl.float32)
+        if HAS_RES:
+            acc += tl.load(res_ptr + m * H + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + m * H + cols, _to_bf16(acc, BY_HAND), mask=ok)
+
+    @triton.jit
+    def _group_step(acc, a, packed, scale, SCHEME: tl.constexpr, DEQ: tl.constexpr, F32: tl.constexpr):
+        """acc [BM, BN] fp32 plus a [BM, GROUP] (bf16) times the int4 tile `packed` [BN, GROUP // 2] (two
+        nibbles a byte, the low one first along K) of one quantisation group, `scale` [BN] its scales.
+
+        SCHEME 0: the centred codes q are exact in bf16, so one dot per group gives the exact partial
+        product, scaled in fp32 afterwards (exact weights). SCHEME 1: q * scale rounded to bf16 first, as
+        SGLang's kernel does, so every group's dot accumulates in place (one accumulator chain).
+        DEQ 0: the nibbles converted int -> float. DEQ 1: no conversion instruction (they are a quarter-
+        rate pipe on the GPU): a nibble n or'ed into the bf16 pattern 0x4300 is the number 128 + n, so the
+        codes are offset by 136 and (SCHEME 0) 136 * sum(a) is taken off the group's dot."""
+        lo = packed & 0xF
+        hi = packed >> 4
+        if F32:  # the interpreter: float32 dots, the bf16 roundings by hand
+            q = tl.interleave(lo.to(tl.int32) - 8, hi.to(tl.int32) - 8).to(tl.float32)
+            if SCHEME == 0:
+                return acc + tl.dot(a.to(tl.float32), tl.trans(q)) * scale[None, :]
+            w = _to_bf16(q * scale[:, None], True).to(tl.float32)
+            return tl.dot(a.to(tl.float32), tl.trans(w), acc)
+        if DEQ == 1:
+            q = tl.interleave((lo.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True),
+                              (hi.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True))
+            if SCHEME == 0:
+                raw = tl.dot(a, tl.trans(q)) - 136.0 * tl.sum(a.to(tl.float32), 1)[:, None]
+                return acc + raw * scale[None, :]
+            w = ((q.to(tl.float32) - 136.0) * scale[:, None]).to(tl.bfloat16)
+            return tl.dot(a, tl.trans(w), acc)
+        q = tl.interleave(lo.to(tl.int32) - 8, hi.to(tl.int32) - 8)
+        if SCHEME == 0:
+            return acc + tl.dot(a, tl.trans(q.to(tl.bfloat16))) * scale[None, :]
+        w = (q.to(tl.float32) * scale[:, None]).to(tl.bfloat16)
+        return tl.dot(a, tl.trans(w), acc)
 
     @triton.jit
     def _gate_up(x_ptr, w_ptr, s_ptr, pairs_ptr, block_expert_ptr, total_ptr, act_ptr,
-                 n_pairs, H, I, G, TOPK: tl.constexpr, E: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr, F32: tl.constexpr):
+                 n_pairs, H, I, G, TOPK: tl.constexpr, E: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 GROUP: tl.constexpr, SCHEME: tl.constexpr, DEQ: tl.constexpr, F32: tl.constexpr):
         b = tl.program_id(0)
         if b * BM >= tl.load(total_ptr):
             return
@@ -133,15 +219,15 @@ if triton is not None:
             pu = tl.load(w_e + (rn + I)[:, None] * (H // 2) + bytes_at, mask=nmask[:, None], other=0x88)
             sg = tl.load(s_e + rn * G + g, mask=nmask, other=0.0).to(tl.float32)
             su = tl.load(s_e + (rn + I) * G + g, mask=nmask, other=0.0).to(tl.float32)
-            acc_g += _group_dot(a, pg, F32) * sg[None, :]
-            acc_u += _group_dot(a, pu, F32) * su[None, :]
+            acc_g = _group_step(acc_g, a, pg, sg, SCHEME, DEQ, F32)
+            acc_u = _group_step(acc_u, a, pu, su, SCHEME, DEQ, F32)
         act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         tl.store(act_ptr + rows[:, None].to(tl.int64) * I + rn[None, :], _to_bf16(act, F32), mask=nmask[None, :])
 
     @triton.jit
     def _down(act_ptr, w_ptr, s_ptr, pairs_ptr, block_expert_ptr, total_ptr, tw_ptr, out_ptr,
               n_pairs, H, I, G, E: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr,
-              F32: tl.constexpr):
+              SCHEME: tl.constexpr, DEQ: tl.constexpr, F32: tl.constexpr):
         b = tl.program_id(0)
         if b * BM >= tl.load(total_ptr):
             return
@@ -161,14 +247,17 @@ if triton is not None:
             p = tl.load(w_e + rn[:, None] * (I // 2) + (g * (GROUP // 2) + half)[None, :], mask=nmask[:, None],
                         other=0x88)
             s = tl.load(s_e + rn * G + g, mask=nmask, other=0.0).to(tl.float32)
-            acc += _group_dot(a, p, F32) * s[None, :]
+            acc = _group_step(acc, a, p, s, SCHEME, DEQ, F32)
         wt = tl.load(tw_ptr + pair, mask=valid, other=0.0)
-        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + rn[None, :], acc * wt[:, None],
+        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + rn[None, :], _to_bf16(acc * wt[:, None], F32),
                  mask=valid[:, None] & nmask[None, :])
 
 
-def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: dict | None = None) -> torch.Tensor:
-    """bf16 [M, H]: the routed experts of muse_moe_w4a16 (layouts in its README), CUDA-graph capturable."""
+def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: dict | None = None,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 [M, H]: the routed experts of muse_moe_w4a16 (layouts in its README), CUDA-graph capturable.
+    With `residual` [M, H], residual + experts, added in fp32 before the one rounding (the layers' h + MoE,
+    as SGLang folds the residual add into its last kernel)."""
     if triton is None:
         raise RuntimeError("the fused MoE needs Triton")
     M, H = x.shape
@@ -179,6 +268,7 @@ def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: d
         raise ValueError("w13 and w2 must share one quantisation group size")
     cfg = config or config_for(M)
     bm, bn = int(cfg["BM"]), int(cfg["BN"])
+    kinds = {"SCHEME": int(cfg["SCHEME"]), "DEQ": int(cfg["DEQ"])}
     f32 = _interpreting()
     launch = {} if f32 else {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"])}
     pairs, block_expert, total = align_block_size(topk_ids, E, bm)
@@ -186,9 +276,14 @@ def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: d
     act = torch.empty(pairs.numel(), I, dtype=torch.bfloat16, device=x.device)
     _gate_up[(n_blocks, triton.cdiv(I, bn))](
         x, w13, w13_scale, pairs, block_expert, total, act, M * topk, H, I, H // group,
-        TOPK=topk, E=E, BM=bm, BN=bn, GROUP=group, F32=f32, **launch)
-    pair_out = torch.empty(M * topk, H, dtype=torch.float32, device=x.device)
+        TOPK=topk, E=E, BM=bm, BN=bn, GROUP=group, F32=f32, **kinds, **launch)
+    pair_out = torch.empty(M * topk, H, dtype=torch.bfloat16, device=x.device)
     _down[(n_blocks, triton.cdiv(H, bn))](
         act, w2, w2_scale, pairs, block_expert, total, topk_weights.reshape(-1), pair_out, M * topk, H, I,
-        I // group, E=E, BM=bm, BN=bn, GROUP=group, F32=f32, **launch)
-    return pair_out.view(M, topk, H).sum(1).to(torch.bfloat16)
+        I // group, E=E, BM=bm, BN=bn, GROUP=group, F32=f32, **kinds, **launch)
+    out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
+    block = 1024
+    _sum_topk[(M, triton.cdiv(H, block))](
+        pair_out, residual if residual is not None else out, out, H, TOPK=topk, HAS_RES=residual is not None,
+        BLOCK=block, BY_HAND=f32)
+    return out

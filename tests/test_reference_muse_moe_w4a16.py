@@ -229,17 +229,17 @@ def _graph_outputs(fn, inputs: dict, fresh: dict) -> tuple[torch.Tensor, torch.T
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("target, M", [("baseline", 1), ("baseline", 32), ("template", 1), ("template", 32),
-                                       ("baseline", 256), ("fused", 1), ("fused", 32), ("fused", 256)])
+                                       ("baseline", 256), ("torch", 1), ("torch", 256)])
 def test_cuda_graph_capture_on_the_full_model(target, M):
-    """Baseline and template are captured and replayed (the official timing method); the replay follows
-    new routing written into the input buffers. M = 256 takes the baseline's grouped path (what the
-    prefill layer's baseline runs)."""
-    fn = {"baseline": ref.baseline, "fused": ref.baseline_fused}.get(target) or _template().custom_kernel
+    """Baseline (the fused path), template and moe_torch are captured and replayed (the official timing
+    method); the replay follows new routing written into the input buffers. M = 256: the fused path's
+    PyTorch alignment and moe_torch's grouped path."""
+    fn = {"baseline": ref.baseline, "torch": _torch_baseline}.get(target) or _template().custom_kernel
     shape = PROBLEM.shape("M1")
     shape.params["M"] = M
     a = ref.make_inputs(shape, 1, "cuda")
     b = ref.make_inputs(shape, 2, "cuda")
-    if target == "baseline" and M > ref._DENSE_MAX_TOKENS:
+    if target == "torch" and M > ref._DENSE_MAX_TOKENS:
         assert ref._grouped_mm_usable(a["x"]) == hasattr(torch.nn.functional, "grouped_mm")
     want_a, want_b = ref.reference(a), ref.reference(b)
     tol = PROBLEM.tolerances["output"]
@@ -249,6 +249,10 @@ def test_cuda_graph_capture_on_the_full_model(target, M):
         assert verdict["passed"], verdict
 
 
+def _torch_baseline(inputs):
+    return ref.moe_torch(*(inputs[k] for k in ref._KEYS))
+
+
 def _fused():
     sys.path.insert(0, str(PROBLEM.reference_path.parent))
     import _fused_moe_w4a16
@@ -256,12 +260,16 @@ def _fused():
     return _fused_moe_w4a16
 
 
+@pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("routing", ["zipf", "same", "empty_expert"])
-def test_the_alignment_places_every_pair_once_in_blocks_of_one_expert(routing, device):
+def test_the_alignment_places_every_pair_once_in_blocks_of_one_expert(routing, path, device, monkeypatch):
     """align_block_size: each (token, expert) pair exactly once, grouped by expert in expert order, each
     expert's run padded to the block size with the sentinel, every block of one expert, the blocks past
-    the real end marked; all with fixed sizes (what lets a CUDA graph capture it)."""
+    the real end marked; all with fixed sizes (what lets a CUDA graph capture it). Both paths: the one-
+    program Triton kernel (decode sizes) and the PyTorch ops (prefill sizes)."""
     fm = _fused()
+    if path == "torch":
+        monkeypatch.setattr(fm, "ALIGN_KERNEL_MAX_PAIRS", 0)
     E, M, topk, bm = 8, 13, 2, 4
     g = torch.Generator().manual_seed(3)
     if routing == "same":
@@ -287,12 +295,45 @@ def test_the_alignment_places_every_pair_once_in_blocks_of_one_expert(routing, d
     assert block_expert[: total // bm].tolist() == sorted(block_expert[: total // bm].tolist())
 
 
+@pytest.mark.parametrize("M, E, topk, bm", [(1, 128, 8, 16), (32, 128, 8, 16), (32, 128, 8, 64), (7, 8, 2, 16)])
+def test_the_alignment_kernel_gives_the_torch_path_bit_for_bit(M, E, topk, bm, device):
+    """The Triton kernel's stable order within an expert is the PyTorch path's, so both give one layout."""
+    fm = _fused()
+    g = torch.Generator().manual_seed(M + E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)]).to(torch.int32).to(device)
+    max_padded = -(-(ids.numel() + E * (bm - 1)) // bm) * bm
+    for got, want in zip(fm.align_block_size(ids, E, bm), fm._align_torch(ids, E, bm, max_padded)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("scheme", [0, 1])
 @pytest.mark.parametrize("name", ["M1", "M16", "same_experts_M16", "M64"])
-def test_the_fused_baseline_is_right_with_margin_on_the_smoke_model(name):
+def test_the_fused_baseline_is_right_with_margin_on_the_smoke_model(name, scheme):
     """The fused path against the reference, on the CPU through Triton's interpreter: within a third of
-    every tolerance (a baseline must pass every shape with margin: kernel-track.md)."""
+    every tolerance (a baseline must pass every shape with margin: kernel-track.md), in both of its
+    schemes (exact weights scaled after each group's dot; weights rounded to bf16 before it)."""
+    fm = _fused()
     inputs = ref.make_inputs(PROBLEM.shape(name, "smoke"), 5, "cpu")
-    got = ref.baseline_fused(inputs)
+    config = {**fm.config_for(inputs["x"].shape[0]), "SCHEME": scheme}
+    got = fm.fused_moe(*(inputs[k] for k in ref._KEYS), config=config)
+    tol = PROBLEM.tolerances["output"]
+    verdict = compare(got, ref.reference(inputs), tol, expected_dtype=torch.bfloat16)
+    assert verdict["passed"], verdict
+    assert verdict["rel_l2"] <= tol.rel_l2 / 3 and verdict["max_abs"] <= (tol.max_abs or 1) / 3, verdict
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme, deq", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("M", [1, 32, 256])
+def test_every_variant_of_the_fused_path_is_right_on_the_full_model(M, scheme, deq):
+    """Every (scheme, unpacking) the tuning may choose, on the GPU, where the conversion-free unpacking
+    (DEQ 1) runs (the interpreter takes the plain path): within a third of every tolerance."""
+    fm = _fused()
+    shape = PROBLEM.shape("M1")
+    shape.params["M"] = M
+    inputs = ref.make_inputs(shape, 4, "cuda")
+    config = {**fm.config_for(M), "SCHEME": scheme, "DEQ": deq}
+    got = fm.fused_moe(*(inputs[k] for k in ref._KEYS), config=config)
     tol = PROBLEM.tolerances["output"]
     verdict = compare(got, ref.reference(inputs), tol, expected_dtype=torch.bfloat16)
     assert verdict["passed"], verdict
