@@ -46,13 +46,20 @@ for what in "$@"; do
     walltime-proj) step walltime-proj 120 python3 benchmarks/official_eval.py --as-baseline --problem muse_bf16_proj \
                      --timeout 110 --json "$OUT/walltime-proj.json" ;;
     # Issue 12: the fused MoE's block configurations on this GPU, written to reference/configs/ (keep the file).
-    tune-moe) step tune-moe 540 python3 benchmarks/tune_fused_moe.py --write --json "$OUT/tune-moe.json"
-              cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null ;;
-    # Issue 12: the staged fused baselines submitted against today's baselines (speedup = how much faster
-    # the fused path is; its floor ratio is in the table).
-    fused-baselines) step fused-baselines 560 python3 benchmarks/official_eval.py --as-baseline --function baseline_fused \
-                       --problem muse_moe_w4a16 --problem muse_decode_layer --problem muse_prefill_layer --seeds 2 \
-                       --timeout 180 --json "$OUT/fused-baselines.json" ;;
+    # First the fused path's GPU correctness (graph capture, the alignment kernel against the torch path).
+    tune-moe) step fused-check 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_reference_muse_moe_w4a16.py \
+                -k "fused or align"
+              step tune-moe-decode 220 python3 benchmarks/tune_fused_moe.py --write --m 1 --m 16 --m 32 \
+                --json "$OUT/tune-moe-decode.json"
+              step tune-moe-prefill 210 python3 benchmarks/tune_fused_moe.py --write --m 2048 --m 4096 --m 8192 \
+                --seconds 0.25 --json "$OUT/tune-moe-prefill.json"
+              cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
+              if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
+    # Issue 12: the fused-MoE baselines submitted against themselves on the full model (every shape, 2 seeds):
+    # their correctness through the evaluator, their times against the floor, the evaluations' wall time.
+    baselines) step baselines 560 python3 benchmarks/official_eval.py --as-baseline \
+                 --problem muse_moe_w4a16 --problem muse_decode_layer --problem muse_prefill_layer --seeds 2 \
+                 --timeout 180 --json "$OUT/baselines.json" ;;
     # Wall time of an official evaluation (8 seeds, every shape) of the two problems above.
     walltime) step walltime 500 python3 benchmarks/official_eval.py --as-baseline --problem muse_bf16_proj \
                 --problem muse_moe_w4a16 --timeout 240 --json "$OUT/walltime.json" ;;

@@ -62,8 +62,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--as-baseline", action="store_true", help="submit each problem's baseline instead of its template")
     ap.add_argument("--function", default="baseline",
-                    help="with --as-baseline: which function of reference/<problem>.py to submit (baseline_fused: the "
-                         "staged fused paths of issue 12)")
+                    help="with --as-baseline: which function of reference/<problem>.py to submit (a variant staged "
+                         "beside the baseline)")
     ap.add_argument("--timeout", type=float, help="seconds per evaluation; one that runs longer is reported and skipped")
     args = ap.parse_args()
     rows, walls = [], {}

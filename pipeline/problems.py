@@ -117,7 +117,9 @@ def load_reference(path: Path, name: str, required: tuple[str, ...] = ("make_inp
 
 def reference_sources(path: Path) -> list[Path]:
     """The reference module and every sibling module of its folder it imports, transitively (the layer
-    references import the smaller problems' building blocks): what the baseline's code is."""
+    references import the smaller problems' building blocks), and the data files a module names in a
+    `BASELINE_DATA` tuple of paths relative to its folder (the fused MoE's tuned block configurations):
+    what the baseline is made of."""
     import ast
 
     seen: list[Path] = []
@@ -138,6 +140,14 @@ def reference_sources(path: Path) -> list[Path]:
                 sibling = current.parent / f"{name.split('.')[0]}.py"
                 if sibling.is_file():
                     todo.append(sibling.resolve())
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "BASELINE_DATA"
+                                                     for t in node.targets)
+                    and isinstance(node.value, (ast.Tuple, ast.List))):
+                for item in node.value.elts:
+                    if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                        data = (current.parent / item.value).resolve()
+                        if data.is_file() and data not in seen:
+                            seen.append(data)
     return sorted(seen)
 
 

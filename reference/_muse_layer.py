@@ -51,7 +51,6 @@ from muse_moe_w4a16 import (  # noqa: E402
     expected_active_experts,
     make_moe_weights,
     moe_ref,
-    moe_torch,
     zipf_topk,
 )
 
@@ -332,8 +331,9 @@ def layer_reference(inputs: dict, req: torch.Tensor, pos: torch.Tensor, attend) 
 
 def layer_bf16(inputs: dict, req: torch.Tensor, pos: torch.Tensor, attend, experts=None) -> torch.Tensor:
     """The production-style composition (the baseline): bf16 tensors between every stage, fp32 inside
-    the norms, RoPE and softmaxes, cuBLAS GEMMs, moe_torch for the experts (or `experts`, with its
-    signature: the fused path of reference/_fused_moe_w4a16.py). Writes the caches in place. No host
+    the norms, RoPE and softmaxes, cuBLAS GEMMs, muse_moe_w4a16's baseline experts (the fused path of
+    reference/_fused_moe_w4a16.py on a GPU, moe_torch on a CPU) or `experts`, with their signature.
+    Writes the caches in place. No host
     synchronisation of its own (CUDA-graph capturable when `attend` and the experts are).
 
     attend(q bf16 [T, Hq, D], k_cache, v_cache) -> bf16 [T, Hq, D].
@@ -355,7 +355,7 @@ def layer_bf16(inputs: dict, req: torch.Tensor, pos: torch.Tensor, attend, exper
     hn = rms_norm_bf16(h, inputs["ffn_norm"], eps)
     logits = F.linear(hn, inputs["router"]).float()
     ids, w = route(logits, topk)
-    return h + (experts or moe_torch)(hn, ids, w, *(inputs[key] for key in MOE_KEYS))
+    return h + (experts or moe_w4a16.experts)(hn, ids, w, *(inputs[key] for key in MOE_KEYS))
 
 
 def written_mask(inputs: dict, req: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

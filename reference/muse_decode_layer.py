@@ -90,8 +90,9 @@ def written(inputs: dict) -> dict:
 
 def baseline(inputs: dict, experts=None) -> torch.Tensor:
     """Production-style composition in bf16 (see _muse_layer.layer_bf16): cuBLAS F.linear GEMMs, the
-    Triton split-KV paged decode kernel of muse_attention_decode (batched PyTorch on a CPU), moe_torch of
-    muse_moe_w4a16 for the experts. No host synchronisation: CUDA-graph capturable."""
+    Triton split-KV paged decode kernel of muse_attention_decode (batched PyTorch on a CPU), muse_moe_w4a16's
+    baseline experts (the fused MoE on a GPU, moe_torch on a CPU). No host synchronisation: CUDA-graph
+    capturable."""
     req, pos = _tokens(inputs)
     scale = layer.dims(inputs)["D"] ** -0.5
 
@@ -102,14 +103,6 @@ def baseline(inputs: dict, experts=None) -> torch.Tensor:
         return torch_decode(*args)
 
     return layer.layer_bf16(inputs, req, pos, attend, experts=experts)
-
-
-def baseline_fused(inputs: dict) -> torch.Tensor:
-    """The baseline with the fused MoE path for its experts (reference/_fused_moe_w4a16.py): it becomes
-    `baseline` once that path is tuned and measured on the H200 (issue 12)."""
-    from _fused_moe_w4a16 import fused_moe
-
-    return baseline(inputs, experts=fused_moe)
 
 
 def floor(shape) -> dict:

@@ -15,9 +15,15 @@ bf16 before the GEMMs; those roundings are well inside the tolerance (see the ca
 from __future__ import annotations
 
 import functools
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # the evaluator's child loads this file by path, without reference/ on sys.path
+    sys.path.insert(0, _HERE)
 
 OUTPUT_DTYPE = torch.bfloat16
 
@@ -259,17 +265,20 @@ def reference(inputs: dict) -> torch.Tensor:
     return moe_ref(*(inputs[k] for k in _KEYS))
 
 
+def experts(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale) -> torch.Tensor:
+    """The baseline's experts: on a GPU the fused path SGLang takes (reference/_fused_moe_w4a16.py:
+    aligned by expert on the device, grouped GEMMs with the int4 unpacking in the kernel, SiLU-and-mul
+    fused, block configurations tuned per token count on the H200); on a CPU moe_torch (the fused path
+    runs there only in Triton's interpreter, far slower; CPU results are never official)."""
+    if x.is_cuda:
+        from _fused_moe_w4a16 import fused_moe
+
+        return fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale)
+    return moe_torch(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale)
+
+
 def baseline(inputs: dict) -> torch.Tensor:
-    return moe_torch(*(inputs[k] for k in _KEYS))
-
-
-def baseline_fused(inputs: dict) -> torch.Tensor:
-    """The fused path SGLang takes (reference/_fused_moe_w4a16.py): aligned by expert on the device,
-    grouped GEMMs with the int4 dequantisation in the kernel, SiLU-and-mul fused. It becomes `baseline`
-    once tuned and measured on the H200 (issue 12)."""
-    from _fused_moe_w4a16 import fused_moe
-
-    return fused_moe(*(inputs[k] for k in _KEYS))
+    return experts(*(inputs[k] for k in _KEYS))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -95,8 +95,9 @@ def written(inputs: dict) -> dict:
 
 def baseline(inputs: dict, experts=None) -> torch.Tensor:
     """Production-style composition in bf16 (see _muse_layer.layer_bf16): cuBLAS F.linear GEMMs, a Triton
-    paged extend-attention kernel (_muse_layer.extend_attention_triton), moe_torch of muse_moe_w4a16 for the
-    experts. On a GPU no host synchronisation (CUDA-graph capturable); on a CPU the attention is per-request
+    paged extend-attention kernel (_muse_layer.extend_attention_triton), muse_moe_w4a16's baseline experts
+    (the fused MoE on a GPU, moe_torch on a CPU). On a GPU no host synchronisation (CUDA-graph capturable);
+    on a CPU the attention is per-request
     SDPA over the gathered pages (the interpreter would be slow)."""
     scale = layer.dims(inputs)["D"] ** -0.5
     if inputs["x"].is_cuda and layer.triton is not None:
@@ -113,14 +114,6 @@ def baseline(inputs: dict, experts=None) -> torch.Tensor:
                                                scale)
 
     return layer.layer_bf16(inputs, req, pos, attend, experts=experts)
-
-
-def baseline_fused(inputs: dict) -> torch.Tensor:
-    """The baseline with the fused MoE path for its experts (reference/_fused_moe_w4a16.py): it becomes
-    `baseline` once that path is tuned and measured on the H200 (issue 12)."""
-    from _fused_moe_w4a16 import fused_moe
-
-    return baseline(inputs, experts=fused_moe)
 
 
 def floor(shape) -> dict:

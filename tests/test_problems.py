@@ -107,8 +107,9 @@ def test_template_and_baseline_survive_the_official_timing(name):
 
 
 def test_the_baseline_identity_covers_exactly_the_files_it_is_made_of(tmp_path):
-    """A result names its baseline by a hash over the reference module and the sibling modules it
-    imports: changing one of those changes it, changing another problem's reference does not."""
+    """A result names its baseline by a hash over the reference module, the sibling modules it imports
+    and the data they name (the tuned block configurations): changing one of those changes it, changing
+    another problem's reference does not."""
     import dataclasses
     import shutil
 
@@ -119,10 +120,15 @@ def test_the_baseline_identity_covers_exactly_the_files_it_is_made_of(tmp_path):
                                 reference_path=tmp_path / "reference" / "muse_decode_layer.py")
     before = baseline_identity(layer)
     assert before["files"] == ["reference/_fused_moe_w4a16.py", "reference/_muse_layer.py",
+                               "reference/configs/fused_moe_w4a16.json",
                                "reference/muse_attention_decode.py", "reference/muse_decode_layer.py",
                                "reference/muse_moe_w4a16.py"]
     (tmp_path / "reference" / "muse_bf16_proj.py").write_text("# not part of the layer's baseline\n")
     assert baseline_identity(layer) == before
     moe = tmp_path / "reference" / "muse_moe_w4a16.py"
     moe.write_text(moe.read_text() + "\n# a change to a building block\n")
-    assert baseline_identity(layer)["sha256"] != before["sha256"]
+    changed = baseline_identity(layer)["sha256"]
+    assert changed != before["sha256"]
+    configs = tmp_path / "reference" / "configs" / "fused_moe_w4a16.json"
+    configs.write_text(configs.read_text().replace('"num_warps": 8', '"num_warps": 4', 1))
+    assert baseline_identity(layer)["sha256"] != changed

@@ -288,7 +288,7 @@ def test_template_passes_on_the_full_model(problem):
 
 @pytest.mark.parametrize("name", ["muse_decode_layer", "muse_prefill_layer"])
 def test_the_layers_with_the_fused_experts_are_right_on_the_smoke_model(name):
-    """The layers' baseline-to-be (the fused MoE for the experts) against the reference on one workload,
+    """The layers' GPU baseline (the fused MoE for the experts) against the reference on one workload,
     on the CPU through Triton's interpreter: the hidden output and every written cache slot pass."""
     from pipeline.kernel.evaluate import _expected, check_outputs
     from pipeline.problems import load_problem
@@ -299,7 +299,10 @@ def test_the_layers_with_the_fused_experts_are_right_on_the_smoke_model(name):
     inputs = ref_mod.make_inputs(shape, 3, "cpu")
     expected = _expected(problem, inputs)
     pristine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    out = ref_mod.baseline_fused(inputs)
+    sys.path.insert(0, str(problem.reference_path.parent))
+    from _fused_moe_w4a16 import fused_moe
+
+    out = ref_mod.baseline(inputs, experts=fused_moe)
     got = {"output": out, **{k: inputs[k] for k in problem.inplace}}
     verdicts = check_outputs(problem, got, expected, pristine)
     assert all(v["passed"] for v in verdicts.values()), verdicts
