@@ -273,3 +273,27 @@ def test_generate_command_writes_what_check_accepts(tmp_path, corpus):
     assert done.returncode == 0, done.stderr
     summary = "\n".join(line for line in done.stdout.splitlines() if not line.startswith(("note: ", "ok: ")))
     assert json.loads(summary)["conversations"] == 2
+
+
+def test_an_output_is_cut_at_a_line_to_its_budget(corpus):
+    text = (corpus["click"] / "src" / "click" / "core.py").read_text()
+    for budget in (60, 500, 5000):
+        cut = ds._fit_output("cat src/click/core.py", text, budget)
+        assert budget - 40 <= tok.count(cut) <= budget
+        head, *body, note = cut.splitlines(keepends=True)
+        assert head == "$ cat src/click/core.py\n" and note.startswith("[output truncated: ")
+        assert text.startswith("".join(body))  # whole lines of the real file, in order
+        assert int(note.split(": ")[1].split()[0]) == text.count("\n") - len(body)
+    assert ds._fit_output("ls", "a\nb\n", 100) == "$ ls\na\nb\n"
+    assert tok.count(ds._trim_to_tokens(text, 777)) <= 777 and text.startswith(ds._trim_to_tokens(text, 777))
+
+
+def test_the_published_hidden_set_summary_is_the_generator_s_shape():
+    published = json.loads((ROOT / "datasets" / "serving" / "hidden-set-summary.json").read_text())
+    shape = dict(published["shape"])
+    assert ds.SHAPES[shape.pop("name")] == ds.Shape(**{k: tuple(v) if isinstance(v, list) else v for k, v in shape.items()})
+    assert published["generator_version"] == ds.GENERATOR_VERSION
+    assert [s["name"] for s in published["sources"]] == [s.name for s in ds.CORPORA["hidden"]]
+    assert published["tokenizer_sha256"] == tok.pin()["sha256"]
+    summary = published["reference_draw"]["summary"]
+    assert summary["conversations"] == 200 and summary["canaries"] == 10
