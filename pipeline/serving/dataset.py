@@ -225,7 +225,11 @@ def _download(sources: list[Source], cache: Path) -> None:
             target.mkdir(exist_ok=True)
             shutil.copy2(archive, target / s.archive)
             # Renamed into place last, so a tree in the cache is always whole.
-            os.replace(staging, target / "tree")
+            try:
+                os.replace(staging, target / "tree")
+            except OSError:
+                if not (target / "tree").is_dir():  # else another process put the same tree there first
+                    raise
 
 
 # --------------------------------------------------------------------------------------------------

@@ -259,8 +259,9 @@ def test_the_corpora_are_disjoint_and_pinned():
 
 def test_a_source_whose_archive_is_not_the_pinned_one_is_refused(tmp_path):
     wrong = ds.Source("packaging", "24.1", "0" * 64, "Apache-2.0")
-    with pytest.raises(ds.DatasetError, match="pip could not download"):
+    with pytest.raises(ds.DatasetError, match="pip could not download") as refused:
         ds._download([wrong], tmp_path)
+    assert "0" * 64 in str(refused.value)  # pip's --require-hashes names the hash it expected
     assert not (tmp_path / ("0" * 64)).exists()
 
 
