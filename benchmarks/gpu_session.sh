@@ -55,6 +55,12 @@ for what in "$@"; do
                 --seconds 0.25 --json "$OUT/tune-moe-prefill.json"
               cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
               if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
+    # Issue 12, next: split-K for the few-expert decode size (M1; the other token counts keep their entries).
+    tune-moe-m1) step fused-check 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_reference_muse_moe_w4a16.py \
+                   -k "fused or align"
+                 step tune-moe-m1 240 python3 benchmarks/tune_fused_moe.py --write --m 1 --json "$OUT/tune-moe-m1.json"
+                 cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
+                 if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
     # Issue 12: the fused-MoE baselines submitted against themselves on the full model (every shape, 2 seeds):
     # their correctness through the evaluator, their times against the floor, the evaluations' wall time.
     baselines) step baselines 560 python3 benchmarks/official_eval.py --as-baseline \

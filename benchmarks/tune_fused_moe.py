@@ -37,11 +37,20 @@ from pipeline.problems import load_problem  # noqa: E402
 import _fused_moe_w4a16 as fused  # noqa: E402
 
 GRIDS = {  # by regime: M <= 64 reads weights (memory-bound), larger M is compute-bound
+    # A handful of tokens uses a handful of experts: too few programs to fill the GPU, so split K.
+    "few": {"SCHEME": [0], "DEQ": [1], "BM": [16], "BN": [64, 128], "num_warps": [4, 8], "num_stages": [3],
+            "SPLIT_UP": [1, 2, 4, 8], "SPLIT_DOWN": [1, 2, 4]},
     "decode": {"SCHEME": [0, 1], "DEQ": [0, 1], "BM": [16], "BN": [32, 64, 128], "num_warps": [4, 8],
                "num_stages": [2, 3]},
     "prefill": {"SCHEME": [0, 1], "DEQ": [1], "BM": [64, 128], "BN": [64, 128], "num_warps": [4, 8],
                 "num_stages": [3]},
 }
+
+
+def regime(m: int) -> str:
+    return "few" if m <= 4 else "decode" if m <= 64 else "prefill"
+
+
 DEFAULT_M = (1, 16, 32, 2048, 4096, 8192)
 KEYS = ("x", "topk_ids", "topk_weights", "w13", "w13_scale", "w2", "w2_scale")
 
@@ -94,7 +103,7 @@ def main() -> None:
         floor = floor_us(ref.floor(shape), ceilings)
         base_us = time_us(ref.baseline, sets, args.seconds) if m <= 64 else float("nan")
         print(f"{shape.name}: baseline (moe_torch) {base_us:,.1f} us, floor {floor:,.1f} us", flush=True)
-        grid = GRIDS["decode" if m <= 64 else "prefill"]
+        grid = GRIDS[regime(m)]
         results = []
         for values in itertools.product(*grid.values()):
             cfg = dict(zip(grid, values))

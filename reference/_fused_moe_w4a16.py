@@ -13,6 +13,9 @@ interpreter would not slow down). Tuned and measured on the H200: docs/BENCHMARK
 3. `_down`: the w2 GEMM of each block over K = I the same way, each pair's top-k weight applied, one
    bf16 row per pair (as SGLang's intermediate cache); `_sum_topk` then sums the top-k rows of each token
    in fp32 (deterministic, as SGLang's moe_sum_reduce), with the layer's residual added when given.
+4. Split-K, for the few-expert decode sizes (M1 uses 8 experts: 384 gate/up programs for 132 SMs, each
+   walking 40 dependent steps): SPLIT_UP / SPLIT_DOWN programs share each block's K, write fp32 parts,
+   and `_silu_mul` / `_sum_topk` add them in a fixed order (deterministic, no atomics).
 Block configurations per token count live in `configs/fused_moe_w4a16.json` (as SGLang keeps per-shape
 JSON configs); `benchmarks/tune_fused_moe.py` writes them on the H200.
 
@@ -146,18 +149,36 @@ if triton is not None:
         tl.store(total_ptr, total)
 
     @triton.jit
-    def _sum_topk(pair_ptr, res_ptr, out_ptr, H, TOPK: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
-                  BY_HAND: tl.constexpr):
-        """out[m] = (residual[m] +) sum over k of pair_out[m, k]: fp32 sum, one bf16 rounding."""
+    def _sum_topk(pair_ptr, res_ptr, out_ptr, H, split_stride, TOPK: tl.constexpr, SPLIT: tl.constexpr,
+                  HAS_RES: tl.constexpr, BLOCK: tl.constexpr, BY_HAND: tl.constexpr):
+        """out[m] = (residual[m] +) the sum over k (and over the down GEMM's K splits) of pair_out[s, m, k]:
+        fp32 sum, one bf16 rounding."""
         m = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < H
         acc = tl.zeros([BLOCK], tl.float32)
-        for k in tl.static_range(TOPK):
-            acc += tl.load(pair_ptr + (m * TOPK + k) * H + cols, mask=ok, other=0.0).to(tl.float32)
+        for sp in tl.static_range(SPLIT):
+            for k in tl.static_range(TOPK):
+                acc += tl.load(pair_ptr + sp * split_stride + (m * TOPK + k) * H + cols, mask=ok,
+                               other=0.0).to(tl.float32)
         if HAS_RES:
             acc += tl.load(res_ptr + m * H + cols, mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + m * H + cols, _to_bf16(acc, BY_HAND), mask=ok)
+
+    @triton.jit
+    def _silu_mul(part_ptr, act_ptr, I, split_stride, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+                  BY_HAND: tl.constexpr):
+        """With the gate/up GEMM split along K: act[pair] = silu(sum of the gate parts) * sum of the up parts."""
+        pair = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < I
+        g = tl.zeros([BLOCK], tl.float32)
+        u = tl.zeros([BLOCK], tl.float32)
+        for sp in tl.static_range(SPLIT):
+            row = part_ptr + sp * split_stride + pair * (2 * I)
+            g += tl.load(row + cols, mask=ok, other=0.0)
+            u += tl.load(row + I + cols, mask=ok, other=0.0)
+        tl.store(act_ptr + pair * I + cols, _to_bf16(g / (1.0 + tl.exp(-g)) * u, BY_HAND), mask=ok)
 
     @triton.jit
     def _group_step(acc, a, packed, scale, SCHEME: tl.constexpr, DEQ: tl.constexpr, F32: tl.constexpr):
@@ -195,7 +216,11 @@ if triton is not None:
     @triton.jit
     def _gate_up(x_ptr, w_ptr, s_ptr, pairs_ptr, block_expert_ptr, total_ptr, act_ptr,
                  n_pairs, H, I, G, TOPK: tl.constexpr, E: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 GROUP: tl.constexpr, SCHEME: tl.constexpr, DEQ: tl.constexpr, F32: tl.constexpr):
+                 GROUP: tl.constexpr, SCHEME: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr,
+                 F32: tl.constexpr):
+        """One block of BM pairs (one expert) by BN intermediate columns, over the K split program_id(2)
+        of SPLIT: with SPLIT 1 silu(gate) * up in bf16 into act [pair, I]; else the fp32 gate and up
+        parts into act [split, pair, 2I] for _silu_mul."""
         b = tl.program_id(0)
         if b * BM >= tl.load(total_ptr):
             return
@@ -212,7 +237,8 @@ if triton is not None:
         s_e = s_ptr + e * (2 * I) * G
         acc_g = tl.zeros((BM, BN), dtype=tl.float32)
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
-        for g in range(0, G):
+        sp = tl.program_id(2)
+        for g in range(sp * (G // SPLIT), (sp + 1) * (G // SPLIT)):
             a = tl.load(x_ptr + tok[:, None] * H + (g * GROUP + rk)[None, :], mask=valid[:, None], other=0.0)
             bytes_at = (g * (GROUP // 2) + half)[None, :]
             pg = tl.load(w_e + rn[:, None] * (H // 2) + bytes_at, mask=nmask[:, None], other=0x88)
@@ -221,13 +247,22 @@ if triton is not None:
             su = tl.load(s_e + (rn + I) * G + g, mask=nmask, other=0.0).to(tl.float32)
             acc_g = _group_step(acc_g, a, pg, sg, SCHEME, DEQ, F32)
             acc_u = _group_step(acc_u, a, pu, su, SCHEME, DEQ, F32)
-        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-        tl.store(act_ptr + rows[:, None].to(tl.int64) * I + rn[None, :], _to_bf16(act, F32), mask=nmask[None, :])
+        at = pair[:, None].to(tl.int64)
+        keep = valid[:, None] & nmask[None, :]
+        if SPLIT == 1:
+            act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            tl.store(act_ptr + at * I + rn[None, :], _to_bf16(act, F32), mask=keep)
+        else:
+            part = act_ptr + sp.to(tl.int64) * n_pairs * (2 * I) + at * (2 * I) + rn[None, :]
+            tl.store(part, acc_g, mask=keep)
+            tl.store(part + I, acc_u, mask=keep)
 
     @triton.jit
     def _down(act_ptr, w_ptr, s_ptr, pairs_ptr, block_expert_ptr, total_ptr, tw_ptr, out_ptr,
               n_pairs, H, I, G, E: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr,
-              SCHEME: tl.constexpr, DEQ: tl.constexpr, F32: tl.constexpr):
+              SCHEME: tl.constexpr, DEQ: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
+        """One block of BM pairs by BN output columns over the K split program_id(2) of SPLIT: each pair's
+        weighted row (part) into out [split, pair, H], summed by _sum_topk."""
         b = tl.program_id(0)
         if b * BM >= tl.load(total_ptr):
             return
@@ -242,15 +277,20 @@ if triton is not None:
         w_e = w_ptr + e * H * (I // 2)
         s_e = s_ptr + e * H * G
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for g in range(0, G):
-            a = tl.load(act_ptr + rows[:, None].to(tl.int64) * I + (g * GROUP + rk)[None, :])
+        at = pair[:, None].to(tl.int64)
+        sp = tl.program_id(2)
+        for g in range(sp * (G // SPLIT), (sp + 1) * (G // SPLIT)):
+            a = tl.load(act_ptr + at * I + (g * GROUP + rk)[None, :], mask=valid[:, None], other=0.0)
             p = tl.load(w_e + rn[:, None] * (I // 2) + (g * (GROUP // 2) + half)[None, :], mask=nmask[:, None],
                         other=0x88)
             s = tl.load(s_e + rn * G + g, mask=nmask, other=0.0).to(tl.float32)
             acc = _group_step(acc, a, p, s, SCHEME, DEQ, F32)
         wt = tl.load(tw_ptr + pair, mask=valid, other=0.0)
-        tl.store(out_ptr + pair[:, None].to(tl.int64) * H + rn[None, :], _to_bf16(acc * wt[:, None], F32),
-                 mask=valid[:, None] & nmask[None, :])
+        row = out_ptr + sp.to(tl.int64) * n_pairs * H + at * H + rn[None, :]
+        if SPLIT == 1:
+            tl.store(row, _to_bf16(acc * wt[:, None], F32), mask=valid[:, None] & nmask[None, :])
+        else:
+            tl.store(row, acc * wt[:, None], mask=valid[:, None] & nmask[None, :])
 
 
 def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: dict | None = None,
@@ -271,19 +311,29 @@ def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: d
     kinds = {"SCHEME": int(cfg["SCHEME"]), "DEQ": int(cfg["DEQ"])}
     f32 = _interpreting()
     launch = {} if f32 else {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"])}
+    split_up, split_down = int(cfg.get("SPLIT_UP", 1)), int(cfg.get("SPLIT_DOWN", 1))
+    for name, split, groups in (("SPLIT_UP", split_up, H // group), ("SPLIT_DOWN", split_down, I // group)):
+        if split < 1 or groups % split:
+            raise ValueError(f"{name} = {split} must divide the {groups} quantisation groups along K")
+    n_pairs = M * topk
     pairs, block_expert, total = align_block_size(topk_ids, E, bm)
     n_blocks = block_expert.numel()
-    act = torch.empty(pairs.numel(), I, dtype=torch.bfloat16, device=x.device)
-    _gate_up[(n_blocks, triton.cdiv(I, bn))](
-        x, w13, w13_scale, pairs, block_expert, total, act, M * topk, H, I, H // group,
-        TOPK=topk, E=E, BM=bm, BN=bn, GROUP=group, F32=f32, **kinds, **launch)
-    pair_out = torch.empty(M * topk, H, dtype=torch.bfloat16, device=x.device)
-    _down[(n_blocks, triton.cdiv(H, bn))](
-        act, w2, w2_scale, pairs, block_expert, total, topk_weights.reshape(-1), pair_out, M * topk, H, I,
-        I // group, E=E, BM=bm, BN=bn, GROUP=group, F32=f32, **kinds, **launch)
-    out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
     block = 1024
+    act = torch.empty(n_pairs, I, dtype=torch.bfloat16, device=x.device)
+    parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=x.device)
+    _gate_up[(n_blocks, triton.cdiv(I, bn), split_up)](
+        x, w13, w13_scale, pairs, block_expert, total, parts, n_pairs, H, I, H // group,
+        TOPK=topk, E=E, BM=bm, BN=bn, GROUP=group, SPLIT=split_up, F32=f32, **kinds, **launch)
+    if split_up > 1:
+        _silu_mul[(n_pairs, triton.cdiv(I, block))](parts, act, I, n_pairs * 2 * I, SPLIT=split_up, BLOCK=block,
+                                                     BY_HAND=f32)
+    pair_out = torch.empty(split_down, n_pairs, H, device=x.device,
+                           dtype=torch.bfloat16 if split_down == 1 else torch.float32)
+    _down[(n_blocks, triton.cdiv(H, bn), split_down)](
+        act, w2, w2_scale, pairs, block_expert, total, topk_weights.reshape(-1), pair_out, n_pairs, H, I,
+        I // group, E=E, BM=bm, BN=bn, GROUP=group, SPLIT=split_down, F32=f32, **kinds, **launch)
+    out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
     _sum_topk[(M, triton.cdiv(H, block))](
-        pair_out, residual if residual is not None else out, out, H, TOPK=topk, HAS_RES=residual is not None,
-        BLOCK=block, BY_HAND=f32)
+        pair_out, residual if residual is not None else out, out, H, n_pairs * H, TOPK=topk, SPLIT=split_down,
+        HAS_RES=residual is not None, BLOCK=block, BY_HAND=f32)
     return out

@@ -322,17 +322,40 @@ def test_the_fused_baseline_is_right_with_margin_on_the_smoke_model(name, scheme
     assert verdict["rel_l2"] <= tol.rel_l2 / 3 and verdict["max_abs"] <= (tol.max_abs or 1) / 3, verdict
 
 
+@pytest.mark.parametrize("split_up, split_down", [(2, 1), (4, 2), (1, 2)])
+@pytest.mark.parametrize("name", ["M1", "M16"])
+def test_the_split_k_paths_are_right_on_the_smoke_model(name, split_up, split_down):
+    """Split-K (the gate/up or the down GEMM's K shared by several programs, fp32 parts added in a fixed
+    order afterwards): within a third of every tolerance, as the unsplit path."""
+    fm = _fused()
+    inputs = ref.make_inputs(PROBLEM.shape(name, "smoke"), 6, "cpu")
+    config = {**fm.config_for(inputs["x"].shape[0]), "SPLIT_UP": split_up, "SPLIT_DOWN": split_down}
+    got = fm.fused_moe(*(inputs[k] for k in ref._KEYS), config=config)
+    tol = PROBLEM.tolerances["output"]
+    verdict = compare(got, ref.reference(inputs), tol, expected_dtype=torch.bfloat16)
+    assert verdict["passed"], verdict
+    assert verdict["rel_l2"] <= tol.rel_l2 / 3 and verdict["max_abs"] <= (tol.max_abs or 1) / 3, verdict
+
+
+def test_a_split_that_does_not_divide_the_groups_is_refused():
+    fm = _fused()
+    inputs = ref.make_inputs(PROBLEM.shape("M1", "smoke"), 6, "cpu")
+    with pytest.raises(ValueError, match="SPLIT_UP = 3 must divide the 4 quantisation groups"):
+        fm.fused_moe(*(inputs[k] for k in ref._KEYS), config={**fm.config_for(1), "SPLIT_UP": 3})
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme, deq", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("M", [1, 32, 256])
-def test_every_variant_of_the_fused_path_is_right_on_the_full_model(M, scheme, deq):
-    """Every (scheme, unpacking) the tuning may choose, on the GPU, where the conversion-free unpacking
-    (DEQ 1) runs (the interpreter takes the plain path): within a third of every tolerance."""
+@pytest.mark.parametrize("split", [1, 4])
+def test_every_variant_of_the_fused_path_is_right_on_the_full_model(M, scheme, deq, split):
+    """Every (scheme, unpacking, split-K) the tuning may choose, on the GPU, where the conversion-free
+    unpacking (DEQ 1) runs (the interpreter takes the plain path): within a third of every tolerance."""
     fm = _fused()
     shape = PROBLEM.shape("M1")
     shape.params["M"] = M
     inputs = ref.make_inputs(shape, 4, "cuda")
-    config = {**fm.config_for(M), "SCHEME": scheme, "DEQ": deq}
+    config = {**fm.config_for(M), "SCHEME": scheme, "DEQ": deq, "SPLIT_UP": split, "SPLIT_DOWN": min(split, 2)}
     got = fm.fused_moe(*(inputs[k] for k in ref._KEYS), config=config)
     tol = PROBLEM.tolerances["output"]
     verdict = compare(got, ref.reference(inputs), tol, expected_dtype=torch.bfloat16)
