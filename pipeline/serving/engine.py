@@ -5,15 +5,22 @@ early, and decodes greedily, so that canary turns can be compared token for toke
 Engines spell that differently, and the launch template (never the competitor) picks the adapter:
 
   sglang        `max_tokens: N`, `ignore_eos: true`, `temperature: 0`; usage in the last chunk through
-                `stream_options.include_usage`; the radix cache is emptied with POST /flush_cache
-                (SGLang 0.5.10's http_server answers 200 when flushed, 400 while requests are pending).
+                `stream_options.include_usage`; `skip_special_tokens: false` (and no spaces between them),
+                so that the special tokens a model writes once forced past its end stay in the text and
+                the client counts them (SGLang 0.5.10's ChatCompletionRequest has both fields); the radix
+                cache is emptied with POST /flush_cache (its http_server answers 200 when flushed, 400
+                while requests are pending).
   transformers  `transformers serve` refuses unknown fields (`ignore_eos` is a 422) and, given a
                 `generation_config`, builds its GenerationConfig from it alone: the field is a JSON
                 *string* (transformers 5's cli/serving/utils.py does `GenerationConfig(**json.loads(...))`;
                 an object is a 500), so the forced length is `min_new_tokens = max_new_tokens = N` in that
                 string, with `do_sample: false`. `max_tokens` is left out: it would override
                 max_new_tokens after the string is read. `stream_options` is accepted and ignored; usage
-                comes in the final chunk anyway. No cache to flush.
+                comes in the final chunk anyway. No cache to flush. Its stream always drops special
+                tokens (a DecodeStream with skip_special_tokens unless a response parser is set) and
+                continuous batching applies no per-request logits processor, so the model it serves must
+                be launched unable to write them (suppress_tokens in its generation_config.json, as
+                tests/serving/test_transformers_serve.py does), or its forced turns count short.
   openai        `max_tokens: N` only (an OpenAI-compatible server that knows no forced length: its turns
                 may stop early, and the replay then says so). No cache to flush.
 
@@ -39,6 +46,12 @@ def _sglang(messages: list[dict[str, Any]], n: int, seed: int) -> dict[str, Any]
         "ignore_eos": True,
         "temperature": 0,
         "seed": seed,
+        # Forced past its natural end a model writes <|im_end|> and other special tokens; the default
+        # detokenizer drops them from the text, and the client's count of the text would come out short.
+        # Kept, each counts as one token under the pinned tokenizer (the replay strips them from the history).
+        "skip_special_tokens": False,
+        # and no spaces put around them by a slow tokenizer's decode (SGLang reads this one from here)
+        "chat_template_kwargs": {"spaces_between_special_tokens": False},
     }
 
 

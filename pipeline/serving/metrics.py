@@ -23,6 +23,8 @@ Reported, not scored (the server's own `usage` is trusted for none of them):
 - cache-hit rate: the sum of `usage.prompt_tokens_details.cached_tokens` over the sum of
   `usage.prompt_tokens` of the window's completed turns that report both; as the server claims it, so
   logged as untrusted; null when no turn reports it.
+- usage disagreement: the share of those turns whose `usage.completion_tokens` differs from the client's
+  count (untrusted; a check of the count itself, since a forced reply's text can re-tokenise otherwise).
 
 Validity, over the whole run (warm-up included; cancelled turns left out): a level is invalid when no
 turn completed, when more than 0.5% of turns failed (HTTP errors, broken streams, stream errors,
@@ -152,6 +154,19 @@ def cache_hit_rate(turns: list[dict[str, Any]], bounds: tuple[int, int]) -> floa
     return cached / prompt if prompt else None
 
 
+def usage_disagreement(turns: list[dict[str, Any]], bounds: tuple[int, int]) -> float | None:
+    """The share of the window's completed turns whose reported completion_tokens differ from the client's count.
+
+    Untrusted and unscored: a diagnostic of the count itself (a model forced past its end writes tokens
+    whose text re-tokenises differently); None when no turn reports usage.
+    """
+    reported = [t for t in _completed(turns, bounds)
+                if isinstance(t.get("usage"), dict) and isinstance(t["usage"].get("completion_tokens"), int)]
+    if not reported:
+        return None
+    return sum(t["usage"]["completion_tokens"] != t["tokens_streamed"] for t in reported) / len(reported)
+
+
 def validity(turns: list[dict[str, Any]]) -> tuple[bool, list[str], dict[str, int]]:
     """(valid, reasons, counts) over the whole run; counts by status."""
     counts: dict[str, int] = {}
@@ -196,6 +211,7 @@ def level(document: dict[str, Any], gpus: int) -> dict[str, Any]:
             "ttft_p50_ms": r(percentile(ttft, 50)), "ttft_p90_ms": r(percentile(ttft, 90)),
             "itl_p90_ms": r(percentile(itls_ms(turns, bounds), 90), 4),
             "cache_hit_rate_untrusted": r(cache_hit_rate(turns, bounds), 4),
+            "usage_disagreement_untrusted": r(usage_disagreement(turns, bounds), 4),
         },
     }
 

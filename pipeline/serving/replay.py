@@ -7,7 +7,8 @@ How a level is replayed (serving-track.md, "The replay"):
 - C lanes, each holding one conversation at a time. A turn sends the whole history (the system message,
   every earlier turn's messages and assistant replies, this turn's new messages) to /v1/chat/completions
   with streaming, through the engine's adapter (pipeline/serving/engine.py: the forced length, greedy).
-  The reply is appended as it was streamed and the next turn is sent at once (no think time). When a
+  The reply is appended as it was streamed (less any special tokens the engine was asked to keep in the
+  text for counting, pipeline/serving/engine.py) and the next turn is sent at once (no think time). When a
   conversation ends, the lane takes the next one from a queue shuffled with the seed; the queue starts a
   new shuffled pass when it runs out.
 - Canary conversations are replayed with fixed history: the dataset's own `reply` of each turn is
@@ -84,7 +85,7 @@ class _Turn:
     """One turn in flight: what the hot loop appends to, turned into a plain record after the run."""
 
     __slots__ = ("lane", "conversation", "pass_", "turn", "canary", "max_tokens", "send_ns", "end_ns",
-                 "status", "error", "times", "ends", "pieces", "usage", "finished")
+                 "status", "error", "times", "ends", "pieces", "chars", "usage", "finished")
 
     def __init__(self, lane: int, conversation: str, pass_: int, turn: int, canary: bool, max_tokens: int):
         self.lane, self.conversation, self.pass_, self.turn = lane, conversation, pass_, turn
@@ -96,6 +97,7 @@ class _Turn:
         self.times: list[int] = []  # perf_counter_ns of each content chunk
         self.ends: list[int] = []  # characters of reply received once that chunk arrived
         self.pieces: list[str] = []
+        self.chars = 0
         self.usage: Any = None
         self.finished = False
 
@@ -133,6 +135,24 @@ def new_marker() -> str:
     return f"run {secrets.token_hex(8)}"
 
 
+def special_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The text of the tokenizer's special tokens (<|im_end|>, ...), longest first; none if it cannot say."""
+    added = getattr(tokenizer, "get_added_tokens_decoder", None)
+    if added is None:
+        return ()
+    return tuple(sorted({t.content for t in added().values() if getattr(t, "special", False) and t.content},
+                        key=len, reverse=True))
+
+
+def strip_special(text: str, specials: tuple[str, ...]) -> str:
+    """The reply as the next turn's history holds it: without the special tokens the stream kept for counting
+    (an agent reads the text, and a literal <|im_start|> in a history would forge the chat's structure)."""
+    for token in specials:
+        if token in text:
+            text = text.replace(token, "")
+    return text
+
+
 def system_message(system: str, marker: str, pass_: int) -> dict[str, str]:
     tag = marker if pass_ == 0 else f"{marker}/{pass_}"
     return {"role": "system", "content": f"{tag}\n\n{system}"}
@@ -166,14 +186,46 @@ async def _ready(session, url: str, adapter: engines.Adapter) -> None:
                           "is it running, and is --url right?") from None
 
 
+def _take(turn: _Turn, line: bytes, t: int, loads) -> bool:
+    """Fold one SSE line, read at t, into the turn; False once the stream is over ([DONE] or an error)."""
+    if not line.startswith(b"data:"):
+        return True  # blank separators, comments, event names
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        turn.finished = True
+        return False
+    obj = loads(data)
+    if not isinstance(obj, dict):
+        turn.status, turn.error = "stream_error", f"a chunk that is not an object: {data[:200]!r}"
+        return False
+    if "error" in obj or obj.get("object") == "error":
+        turn.status, turn.error = "stream_error", f"the server streamed an error: {data[:300]!r}"
+        return False
+    usage = obj.get("usage")
+    if usage is not None:
+        turn.usage = usage
+    for choice in obj.get("choices") or ():
+        delta = choice.get("delta") or {}
+        # A reasoning parser moves part of the reply to reasoning_content; it is output all the same.
+        for key in ("reasoning_content", "content"):
+            piece = delta.get(key)
+            if piece:
+                turn.chars += len(piece)
+                turn.pieces.append(piece)
+                turn.ends.append(turn.chars)
+                turn.times.append(t)
+        if choice.get("finish_reason"):
+            turn.finished = True
+    return True
+
+
 async def _stream(session, url: str, payload: bytes, turn: _Turn) -> None:
     """Send one turn and read its stream into `turn`; sets status to done or a failure."""
     import aiohttp
     import orjson
 
     perf = time.perf_counter_ns
-    times, ends, pieces = turn.times, turn.ends, turn.pieces
-    chars = 0
+    loads = orjson.loads
     turn.send_ns = perf()
     try:
         async with session.post(url, data=payload, headers={"Content-Type": "application/json"}) as resp:
@@ -181,36 +233,25 @@ async def _stream(session, url: str, payload: bytes, turn: _Turn) -> None:
                 body = (await resp.text())[:300]
                 turn.status, turn.error = "http_error", f"HTTP {resp.status}: {body.strip()}"
                 return
-            async for line in resp.content:
+            # Whatever the socket delivered at once is read at once and split into lines here: one await
+            # per read rather than per line (aiohttp's readline costs more than the rest of a chunk), and
+            # the lines that arrived together share the time they arrived.
+            rest = b""
+            going = True
+            async for data in resp.content.iter_any():
                 t = perf()
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, event names
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    turn.finished = True
+                lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    if line and not _take(turn, line, t, loads):
+                        going = False
+                        break
+                if not going:
                     break
-                obj = orjson.loads(data)
-                if not isinstance(obj, dict):
-                    turn.status, turn.error = "stream_error", f"a chunk that is not an object: {data[:200]!r}"
-                    return
-                if "error" in obj or obj.get("object") == "error":
-                    turn.status, turn.error = "stream_error", f"the server streamed an error: {data[:300]!r}"
-                    return
-                usage = obj.get("usage")
-                if usage is not None:
-                    turn.usage = usage
-                for choice in obj.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    # A reasoning parser moves part of the reply to reasoning_content; it is output all the same.
-                    for key in ("reasoning_content", "content"):
-                        piece = delta.get(key)
-                        if piece:
-                            chars += len(piece)
-                            pieces.append(piece)
-                            ends.append(chars)
-                            times.append(t)
-                    if choice.get("finish_reason"):
-                        turn.finished = True
+            if going and rest:
+                _take(turn, rest, perf(), loads)  # a last line without its newline
+        if turn.status is not None:
+            return
         if not turn.finished:
             turn.status, turn.error = "broken", "the stream ended without a finish_reason or [DONE]"
             return
@@ -245,6 +286,7 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
     chat_url = base + engines.CHAT_PATH
     marker = marker or new_marker()
     queue = ConversationQueue(len(conversations), seed)
+    specials = special_tokens(tokenizer)
     opened: list[_Turn] = []
 
     async def lane(index: int, session) -> None:
@@ -281,7 +323,7 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
                     raise
                 if turn.status != "done":
                     break  # no reply to continue this conversation from
-                reply = spec["reply"] if turn.canary else turn.text()
+                reply = spec["reply"] if turn.canary else strip_special(turn.text(), specials)
                 history.append({"role": "assistant", "content": reply})
 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)

@@ -19,8 +19,10 @@ but sends it all at the end; `short_by` stops that many tokens early (and says f
 `fail_every` answers every k-th request with HTTP 500; `usage_factor` makes `usage` lie about the
 completion tokens and claim every prompt token was cached; `hang_s` stalls before the first token;
 `break_after` cuts the connection after that many tokens; `split_words` sends each word in two chunks
-(" th", "e": a token split across chunks); `timestamps` puts the server's send time
-(`t_send_ns`, perf_counter_ns: the same clock as the client's on this machine) in every chunk.
+(" th", "e": a token split across chunks); `special_every` makes every k-th token `<|im_end|>` (what a
+model forced past its end writes); `timestamps` puts the server's send time
+(`t_send_ns`, perf_counter_ns: the same clock as the client's on this machine) in every chunk, and
+`log_sends` keeps every content chunk's send time in the request's log entry (`sends`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import sys
 import time
 
+import orjson
 from aiohttp import web
 
 SCRIPT = {
@@ -38,6 +41,7 @@ SCRIPT = {
     "token_s": 0.0,
     "words_per_chunk": 1,
     "split_words": False,
+    "special_every": 0,
     "buffer": False,
     "short_by": 0,
     "fail_every": 0,
@@ -45,6 +49,7 @@ SCRIPT = {
     "hang_s": 0.0,
     "break_after": None,
     "timestamps": False,
+    "log_sends": False,
     "record_bodies": True,
     "healthy": True,
     "flush_status": 200,
@@ -54,6 +59,13 @@ SCRIPT = {
 # Common English words, each one token for Qwen's BPE (a leading space and letters are one pre-token).
 WORDS = (" the", " of", " and", " to", " in", " is", " that", " it", " for", " on", " with", " as", " was",
          " by", " at", " from", " this", " be", " or", " an")
+
+
+def word(index: int, j: int, special_every: int = 0) -> str:
+    """The j-th token the server streams for request `index`."""
+    if special_every and (j + 1) % special_every == 0:
+        return "<|im_end|>"
+    return WORDS[(index + j) % len(WORDS)]
 
 
 class State:
@@ -85,14 +97,14 @@ def chunk(cid: str, content: str | None, finish: str | None = None, t_send: int 
                  "choices": [choice]}
     if t_send is not None:
         obj["t_send_ns"] = t_send
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
     state: State = request.app["state"]
     script = state.script
     t_start = time.perf_counter_ns()
-    body = await request.json()
+    body = orjson.loads(await request.read())  # a long history is a large body: orjson keeps up
     state.count += 1
     index = state.count
     entry = {"index": index, "t_start_ns": t_start, "t_end_ns": None,
@@ -110,6 +122,14 @@ async def chat(request: web.Request) -> web.StreamResponse:
         cid = f"chatcmpl-{index}"
         per = max(1, int(script["words_per_chunk"]))
         stamps = script["timestamps"]
+        sends: list[int] | None = [] if script["log_sends"] else None
+        if sends is not None:
+            entry["sends"] = sends
+            # which turn this is, without keeping the body: the system message's first line (the run's
+            # marker and pass), the conversation's first message, the number of messages
+            msgs = body.get("messages") or [{}, {}]
+            entry["key"] = json.dumps([str(msgs[0].get("content", "")).split("\n\n", 1)[0],
+                                       str(msgs[1].get("content", ""))[:200], len(msgs)])
         pending: list[bytes] = []
         if script["hang_s"]:
             await asyncio.sleep(script["hang_s"])
@@ -117,8 +137,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
             await asyncio.sleep(script["ttft_s"])
         await resp.write(chunk(cid, None) if not script["buffer"] else b"")
         k = 0
+        paced_from = time.perf_counter()
         while k < sent:
-            words = "".join(WORDS[(index + j) % len(WORDS)] for j in range(k, min(sent, k + per)))
+            words = "".join(word(index, j, script["special_every"]) for j in range(k, min(sent, k + per)))
             k = min(sent, k + per)
             data = chunk(cid, words, t_send=time.perf_counter_ns() if stamps else None)
             if script["split_words"]:
@@ -131,13 +152,17 @@ async def chat(request: web.Request) -> web.StreamResponse:
                 await asyncio.sleep(0.001)  # so the halves arrive as two reads, at two times
                 await resp.write(tail)
             else:
+                if sends is not None:
+                    sends.append(time.perf_counter_ns())
                 await resp.write(data)
             if script["break_after"] is not None and k >= script["break_after"]:
                 # an abrupt end of the connection mid-stream: no final chunk, no terminating chunk
                 request.transport.close()
                 return resp
             if script["token_s"] and k < sent:
-                await asyncio.sleep(script["token_s"])
+                # an absolute schedule (token k at first + k * token_s): a late wake-up is caught up, so
+                # the stream keeps its rate instead of drifting by every sleep's overshoot
+                await asyncio.sleep(max(0.0, paced_from + k / per * script["token_s"] - time.perf_counter()))
         factor = float(script["usage_factor"])
         prompt = sum(len(str(m.get("content", ""))) // 4 for m in body.get("messages", []))
         usage = {"prompt_tokens": prompt, "completion_tokens": int(round(sent * factor)),

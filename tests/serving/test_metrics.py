@@ -80,6 +80,13 @@ def test_unscored_figures():
     assert lv["window_s"] == 2.0 and lv["gpus"] == 2 and lv["concurrency"] == 4
 
 
+def test_usage_disagreement_is_a_diagnostic_of_the_count():
+    turns = [rec(0, [(0.1, 3)], usage={"completion_tokens": 3}), rec(0, [(0.2, 3)], usage={"completion_tokens": 4}),
+             rec(0, [(0.3, 2)]), rec(0, [(0.4, 1)], status="broken", usage={"completion_tokens": 9})]
+    assert metrics.usage_disagreement(turns, (0, S)) == 0.5  # of the two completed turns that report usage
+    assert metrics.usage_disagreement(turns[2:3], (0, S)) is None
+
+
 def test_buffering_a_stream_changes_ttft_not_u():
     streamed = rec(0.0, [(0.1 + 0.05 * k, 1) for k in range(10)])
     buffered = rec(0.0, [(0.55, 1)] * 10)  # the same tokens, all sent when the last was ready
