@@ -61,6 +61,13 @@ for what in "$@"; do
                  step tune-moe-m1 240 python3 benchmarks/tune_fused_moe.py --write --m 1 --json "$OUT/tune-moe-m1.json"
                  cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
                  if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
+    # Issue 12, next: the layers with SGLang's small fused kernels (reference/_layer_ops.py) submitted against
+    # today's baselines (speedup = how much faster they are; the evaluator checks them on every shape).
+    fused-ops) step fused-ops-tests 120 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py \
+                 -k "fused or rope or routing"
+               step fused-ops 400 python3 benchmarks/official_eval.py --as-baseline --function baseline_fused_ops \
+                 --problem muse_decode_layer --problem muse_prefill_layer --seeds 2 --timeout 190 \
+                 --json "$OUT/fused-ops.json" ;;
     # Issue 12: the fused-MoE baselines submitted against themselves on the full model (every shape, 2 seeds):
     # their correctness through the evaluator, their times against the floor, the evaluations' wall time.
     baselines) step baselines 560 python3 benchmarks/official_eval.py --as-baseline \

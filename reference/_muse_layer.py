@@ -329,7 +329,8 @@ def layer_reference(inputs: dict, req: torch.Tensor, pos: torch.Tensor, attend) 
     return {"output": (h + moe.double()).float(), **expected}
 
 
-def layer_bf16(inputs: dict, req: torch.Tensor, pos: torch.Tensor, attend, experts=None) -> torch.Tensor:
+def layer_bf16(inputs: dict, req: torch.Tensor, pos: torch.Tensor, attend, experts=None,
+               fused_ops: bool = False) -> torch.Tensor:
     """The production-style composition (the baseline): bf16 tensors between every stage, fp32 inside
     the norms, RoPE and softmaxes, cuBLAS GEMMs, muse_moe_w4a16's baseline experts (the fused path of
     reference/_fused_moe_w4a16.py on a GPU, moe_torch on a CPU) or `experts`, with their signature.
@@ -337,11 +338,25 @@ def layer_bf16(inputs: dict, req: torch.Tensor, pos: torch.Tensor, attend, exper
     synchronisation of its own (CUDA-graph capturable when `attend` and the experts are).
 
     attend(q bf16 [T, Hq, D], k_cache, v_cache) -> bf16 [T, Hq, D].
+
+    fused_ops: the small ops between the GEMMs as SGLang fuses them (reference/_layer_ops.py: RMSNorm,
+    RoPE with the cache write, the residual add with the second norm, the routing) and the fused MoE with
+    the residual added in its last kernel; staged until measured on the H200.
     """
     d = dims(inputs)
     T, Hq, Hkv, D, page = d["T"], d["Hq"], d["Hkv"], d["D"], d["page"]
     eps, theta, topk = float(inputs["eps"]), float(inputs["theta"]), int(inputs["topk"])
     x = inputs["x"]
+    if fused_ops:
+        import _layer_ops as ops
+        from _fused_moe_w4a16 import fused_moe
+
+        qkv = F.linear(ops.rms_norm(x, inputs["attn_norm"], eps), inputs["wqkv"])
+        q = ops.rope_and_cache(qkv, pos, req, inputs["block_table"], inputs["k_cache"], inputs["v_cache"], theta, Hq)
+        o = attend(q, inputs["k_cache"], inputs["v_cache"])
+        hn, h = ops.rms_norm(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, residual=x)
+        ids, w = ops.route(F.linear(hn, inputs["router"]), topk)
+        return fused_moe(hn, ids, w, *(inputs[key] for key in MOE_KEYS), residual=h)
     qkv = F.linear(rms_norm_bf16(x, inputs["attn_norm"], eps), inputs["wqkv"])
     q, k, v = _split_qkv(qkv, Hq, Hkv, D)
     cos, sin = rope_cos_sin(pos, D, theta, torch.float32)

@@ -93,7 +93,7 @@ def written(inputs: dict) -> dict:
     return {"k_cache": mask, "v_cache": mask}
 
 
-def baseline(inputs: dict, experts=None) -> torch.Tensor:
+def baseline(inputs: dict, experts=None, fused_ops: bool = False) -> torch.Tensor:
     """Production-style composition in bf16 (see _muse_layer.layer_bf16): cuBLAS F.linear GEMMs, a Triton
     paged extend-attention kernel (_muse_layer.extend_attention_triton), muse_moe_w4a16's baseline experts
     (the fused MoE on a GPU, moe_torch on a CPU). On a GPU no host synchronisation (CUDA-graph capturable);
@@ -113,7 +113,13 @@ def baseline(inputs: dict, experts=None) -> torch.Tensor:
             return layer.extend_attention_bf16(q, k_cache, v_cache, inputs["block_table"], starts, prefix, new,
                                                scale)
 
-    return layer.layer_bf16(inputs, req, pos, attend, experts=experts)
+    return layer.layer_bf16(inputs, req, pos, attend, experts=experts, fused_ops=fused_ops)
+
+
+def baseline_fused_ops(inputs: dict) -> torch.Tensor:
+    """The baseline with SGLang's small fused kernels between the GEMMs (_layer_ops.py) and the residual
+    added in the MoE's last kernel: staged until measured on the H200 (issue 12)."""
+    return baseline(inputs, fused_ops=True)
 
 
 def floor(shape) -> dict:

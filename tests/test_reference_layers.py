@@ -306,3 +306,83 @@ def test_the_layers_with_the_fused_experts_are_right_on_the_smoke_model(name):
     got = {"output": out, **{k: inputs[k] for k in problem.inplace}}
     verdicts = check_outputs(problem, got, expected, pristine)
     assert all(v["passed"] for v in verdicts.values()), verdicts
+
+
+def _ops():
+    sys.path.insert(0, str(load_problem("muse_decode_layer").reference_path.parent))
+    import _layer_ops
+
+    return _layer_ops
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_fused_rms_norm_rounds_as_the_composition(residual):
+    """RMSNorm (and the residual add before it) in one kernel: the composition's bf16 values, up to one
+    bf16 step where a sum's order flips a rounding."""
+    ops = _ops()
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
+    r = torch.randn(5, 256, generator=g).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(256, generator=g)).to(torch.bfloat16)
+    if residual:
+        got, h = ops.rms_norm(x, w, 1e-5, residual=r)
+        assert torch.equal(h, x + r)
+        want = layer.rms_norm_bf16(x + r, w, 1e-5)
+    else:
+        got, want = ops.rms_norm(x, w, 1e-5), layer.rms_norm_bf16(x, w, 1e-5)
+    step = (want.float().abs() * 2**-7).clamp_min(1e-30)
+    assert ((got.float() - want.float()).abs() <= step).all()
+    assert (got == want).float().mean() > 0.95
+
+
+def test_rope_with_the_cache_write_is_the_composition():
+    """q and k rotated as rope_neox in fp32 (angles in float64, position 65,535 included), k and v landing
+    in each token's slot of the paged cache and nowhere else."""
+    ops = _ops()
+    g = torch.Generator().manual_seed(12)
+    Hq, Hkv, D, page = 4, 2, 64, 16
+    pos = torch.tensor([0, 15, 16, 65535, 300], dtype=torch.int32)
+    req = torch.tensor([0, 1, 1, 2, 3])
+    T = pos.numel()
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g).to(torch.bfloat16)
+    block_table = torch.randperm(4 * 4096, generator=g)[: 4 * 4096].view(4, 4096).to(torch.int32)
+    pages = int(block_table.max()) + 1
+    kc = torch.zeros(pages, page, Hkv, D, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    got_q = ops.rope_and_cache(qkv, pos, req, block_table, kc, vc, 1e6, Hq)
+    q, k, v = layer._split_qkv(qkv, Hq, Hkv, D)
+    cos, sin = layer.rope_cos_sin(pos, D, 1e6, torch.float32)
+    assert torch.equal(got_q, layer.rope_neox(q.float(), cos, sin).to(torch.bfloat16))
+    slots = layer.cache_slots(block_table, req, pos, page)
+    want_k = torch.zeros_like(kc)
+    want_k.view(-1, Hkv, D)[slots] = layer.rope_neox(k.float(), cos, sin).to(torch.bfloat16)
+    want_v = torch.zeros_like(vc)
+    want_v.view(-1, Hkv, D)[slots] = v
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+def test_the_fused_routing_picks_the_compositions_experts():
+    ops = _ops()
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(7, 8, generator=g).to(torch.bfloat16)
+    ids, w = ops.route(logits, 2)
+    want_ids, want_w = layer.route(logits.float(), 2)
+    assert torch.equal(ids, want_ids)
+    assert torch.allclose(w, want_w, rtol=1e-6, atol=1e-7) and ids.dtype == torch.int32
+
+
+@pytest.mark.parametrize("name", ["muse_decode_layer", "muse_prefill_layer"])
+def test_the_layers_with_the_fused_ops_are_right_on_the_smoke_model(name):
+    """The staged baseline (SGLang's small fused kernels between the GEMMs, the fused MoE with the residual
+    in its last kernel) against the reference: the output and every written cache slot pass."""
+    from pipeline.kernel.evaluate import _expected, check_outputs
+
+    problem = load_problem(name)
+    shape = problem.shapes("smoke", kinds=("workload",))[0]
+    inputs = problem.reference.make_inputs(shape, 3, "cpu")
+    expected = _expected(problem, inputs)
+    pristine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    out = problem.reference.baseline_fused_ops(inputs)
+    got = {"output": out, **{k: inputs[k] for k in problem.inplace}}
+    verdicts = check_outputs(problem, got, expected, pristine)
+    assert all(v["passed"] for v in verdicts.values()), verdicts
