@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 USAGE_ERROR = 2
+HARNESS_ERROR = 3  # the evaluation could not be completed for a reason that is not the submission's
 
 
 def _usage(message: str) -> int:
@@ -42,7 +43,8 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
 def evaluate(args: argparse.Namespace) -> int:
     """Evaluate a kernel submission: correctness on every shape, then timing against the baseline.
 
-    Exit 0 when it passed, 1 when it failed, 2 on a usage error.
+    Exit 0 when it passed, 1 when it failed, 2 on a usage error, 3 when the baseline failed (no result:
+    not the submission's fault; the runner's organizers look at it).
     """
     from pipeline.problems import ProblemError, infer_problem, list_problems, load_problem
 
@@ -119,7 +121,13 @@ def evaluate(args: argparse.Namespace) -> int:
         why = official_problem(options)
         if why:
             return _usage(f"refusing an official evaluation: {why}")
-    doc = run_evaluation(args.submission, problem, options)
+    from pipeline.kernel.evaluate import BaselineFailure
+
+    try:
+        doc = run_evaluation(args.submission, problem, options)
+    except BaselineFailure as exc:
+        print(f"error: the evaluation could not be completed, and no result was written: {exc}", file=sys.stderr)
+        return HARNESS_ERROR
     print(report.terminal(doc))
     if args.json:
         from pipeline import result

@@ -324,3 +324,37 @@ def test_the_result_names_the_baseline_it_was_measured_against():
     assert doc["baseline"] == "reference/muse_bf16_proj.py:baseline"
     assert doc["baseline_source"]["files"] == ["reference/muse_bf16_proj.py"]
     assert len(doc["baseline_source"]["sha256"]) == 64
+
+
+def _problem_with_a_broken_baseline(tmp: Path, body: str):
+    """muse_bf16_proj whose reference folder is a copy with its baseline replaced by `body`."""
+    import dataclasses
+    import shutil
+
+    folder = tmp / "reference"
+    shutil.copytree(ROOT / "reference", folder)
+    ref = folder / "muse_bf16_proj.py"
+    ref.write_text(ref.read_text() + f"\n\ndef baseline(inputs):\n{body}\n")
+    for path in (tmp, folder, ref):
+        path.chmod(0o755)  # the baseline's sandbox user reads it
+    return dataclasses.replace(load_problem("muse_bf16_proj"), reference_path=ref)
+
+
+@pytest.mark.parametrize("body, said", [
+    ("    import time\n    time.sleep(3600)", "did not answer within its time limit"),
+    ("    import os\n    os._exit(7)", "the baseline's process exited with code 7"),
+])
+def test_a_failing_baseline_is_never_the_submissions_verdict(body, said):
+    """The baseline's worker hanging or dying while it is timed: the evaluation stops with a harness
+    error that says so (the CLI exits 3 and writes no result), never a timeout or runtime_error charged
+    to a submission that did nothing wrong."""
+    import tempfile
+
+    from pipeline.kernel.evaluate import BaselineFailure
+
+    tmp = Path(tempfile.mkdtemp(prefix="muse-broken-baseline-"))
+    problem = _problem_with_a_broken_baseline(tmp, body)
+    opts = Options(seeds=1, timing=True, shapes=["M1"], limits=Limits(compile=60, first_call=8, call=8, total=300))
+    with pytest.raises(BaselineFailure, match=said) as caught:
+        evaluate(ROOT / "problems/muse_bf16_proj/template.py", problem, opts)
+    assert "not the submission's result" in str(caught.value)

@@ -115,9 +115,26 @@ def _resolved(opts: Options, device: str) -> Options:
 
 
 class ChildFailure(Exception):
-    def __init__(self, reply: dict[str, Any]):
+    """A worker died or broke the channel; `role` says whose worker."""
+
+    def __init__(self, reply: dict[str, Any], role: str = "submission"):
         super().__init__(reply.get("error"))
         self.reply = reply
+        self.role = role
+
+
+class WorkerTimeout(TimeoutError):
+    """A worker did not answer in time; `role` says whose worker."""
+
+    def __init__(self, role: str = "submission"):
+        super().__init__(f"the {role}'s worker did not answer in time")
+        self.role = role
+
+
+class BaselineFailure(RuntimeError):
+    """The baseline's worker failed (an error, a crash, a timeout): the evaluation cannot be completed,
+    and nothing about it is the submission's result. The CLI exits 3 and writes no result; the bench job
+    fails loudly for the organizers (docs/RUNBOOK.md)."""
 
 
 class Child:
@@ -125,8 +142,10 @@ class Child:
     down a unix socket with the descriptors of the parent's buffers; replies come back as JSON
     lines on a pipe, each echoing the request's nonce."""
 
-    def __init__(self, device: str, deadline: float, policy: sandbox.Policy, readable: list[Path]):
+    def __init__(self, device: str, deadline: float, policy: sandbox.Policy, readable: list[Path],
+                 role: str = "submission"):
         self.deadline = deadline
+        self.role = role
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._resp_r, resp_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -169,7 +188,7 @@ class Child:
         try:
             transport.send(self._sock, json.dumps(req).encode(), [a.fd for a in new])
         except OSError:
-            raise ChildFailure(self._death()) from None
+            raise ChildFailure(self._death(), self.role) from None
         self._sent.update(a.id for a in new)
         self._drop = []
         return nonce, min(time.monotonic() + timeout, self.deadline)
@@ -187,16 +206,17 @@ class Child:
         while b"\n" not in self._buf:
             remaining = limit - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError
+                raise WorkerTimeout(self.role)
             ready, _, _ = select.select([self._resp_r], [], [], remaining)
             if not ready:
                 continue
             chunk = os.read(self._resp_r, 65536)
             if not chunk:
-                raise ChildFailure(self._death())
+                raise ChildFailure(self._death(), self.role)
             self._buf += chunk
             if len(self._buf) > MAX_REPLY_BYTES:
-                raise ChildFailure({"error": "the submission's process sent an oversized reply", "status": "runtime_error"})
+                raise ChildFailure({"error": f"the {self.role}'s process sent an oversized reply",
+                                    "status": "runtime_error"}, self.role)
         line, self._buf = self._buf.split(b"\n", 1)
         try:
             reply = json.loads(line)
@@ -207,17 +227,17 @@ class Child:
         if reply.get("nonce") != nonce:
             raise ChildFailure({"status": "runtime_error",
                                 "error": "the harness channel was corrupted: a reply the harness did not send "
-                                         "(a submission must not write to the harness's file descriptors)"})
+                                         "(a submission must not write to the harness's file descriptors)"}, self.role)
         return reply
 
     def _death(self) -> dict[str, Any]:
         code = self.box.wait(timeout=10)
         if code is None:
-            why = "the submission's process closed the harness channel"
+            why = f"the {self.role}'s process closed the harness channel"
         elif code < 0:
-            why = f"the submission's process was killed by {signal.Signals(-code).name}"
+            why = f"the {self.role}'s process was killed by {signal.Signals(-code).name}"
         else:
-            why = f"the submission's process exited with code {code} in the middle of a call"
+            why = f"the {self.role}'s process exited with code {code} in the middle of a call"
         return {"status": "runtime_error", "error": why}
 
     def log_tail(self) -> str:
@@ -503,11 +523,11 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         if doc["status"] == "passed" and opts.timing:
             current_shape = None
             # The baseline in a process of its own: nothing the submission does in its process reaches it.
-            baseline = Child(device, deadline, policy, [problem.reference_path.parent])
+            baseline = Child(device, deadline, policy, [problem.reference_path.parent], role="baseline")
             doc["environment"]["sandbox"]["baseline"] = baseline.describe()
             reply = baseline.request(baseline_load, opts.limits.compile)
             if not reply.get("ok"):
-                raise RuntimeError(f"the baseline of {problem.name} did not load: {reply.get('error')}\n"
+                raise BaselineFailure(f"the baseline of {problem.name} did not load: {reply.get('error')}\n"
                                    f"{reply.get('traceback', '')}\n{baseline.log_tail()}")
             kept: list[dict[str, Any]] = []
             for shape in [s for s in shapes if s.kind == "workload"]:
@@ -524,11 +544,17 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
                 _baseline_alone(baseline, kept, opts, device, doc)
                 say("timed the baseline alone")
             _score(doc, problem.run_to_run if device == "cuda" else 0.0)
-    except TimeoutError:
+    except TimeoutError as exc:
+        if getattr(exc, "role", "submission") == "baseline":
+            raise BaselineFailure(f"the baseline of {problem.name} did not answer within its time limit "
+                                  f"(shape {current_shape}); this is not the submission's result") from exc
         child.kill()
         limit = "the 15-minute total" if time.monotonic() >= deadline else "its time limit"
         fail("timeout", {"error": f"the submission did not answer within {limit} (shape {current_shape})"})
     except ChildFailure as exc:
+        if exc.role == "baseline":
+            raise BaselineFailure(f"the baseline of {problem.name} failed (shape {current_shape}): "
+                                  f"{exc.reply.get('error')}; this is not the submission's result") from exc
         fail(exc.reply.get("status", "runtime_error"), exc.reply)
     finally:
         child.close()
@@ -829,7 +855,7 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
         reply = workers[t].request({**req, "key": key}, timeout, list(arenas))
         if not reply.get("ok"):
             if t == "baseline":
-                raise RuntimeError(f"the baseline of {problem.name} failed on {key}: {reply.get('error')}\n"
+                raise BaselineFailure(f"the baseline of {problem.name} failed on {key}: {reply.get('error')}\n"
                                    f"{reply.get('traceback', '')}\n{base.log_tail()}")
             fail(reply.get("status", "runtime_error"), reply)
             raise _Abort
@@ -1056,7 +1082,7 @@ def _baseline_alone(base: Child, kept: list[dict[str, Any]], opts: Options, devi
                 filler.run(fill_s)
             reply = base.request(req, opts.limits.call)
             if not reply.get("ok"):
-                raise RuntimeError(f"the baseline failed when timed alone: {reply.get('error')}")
+                raise BaselineFailure(f"the baseline failed when timed alone: {reply.get('error')}")
             samples.extend(float(x) for x in reply["samples_us"])
         return timing.summary(samples)["median_us"]
 
