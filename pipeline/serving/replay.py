@@ -135,6 +135,32 @@ def new_marker() -> str:
     return f"run {secrets.token_hex(8)}"
 
 
+class History:
+    """A conversation's messages so far, each JSON-encoded once when it joins.
+
+    A turn's body is then a join of bytes, not an encoding of the whole history again: a history of a
+    hundred thousand tokens takes a millisecond to encode, and the event loop reading every other lane's
+    stream would wait that long each turn.
+    """
+
+    def __init__(self, dumps):
+        self._dumps = dumps
+        self.encoded: list[bytes] = []
+
+    def add(self, message: dict[str, Any]) -> None:
+        self.encoded.append(self._dumps(message))
+
+    def extend(self, messages: list[dict[str, Any]]) -> None:
+        for message in messages:
+            self.add(message)
+
+    def body(self, fields: dict[str, Any]) -> bytes:
+        """The request's JSON: these fields (the adapter's; its own `messages` is dropped) and the history."""
+        rest = self._dumps({k: v for k, v in fields.items() if k != "messages"})
+        head = b'{"messages":[' + b",".join(self.encoded) + b"]"
+        return head + (b"," + rest[1:] if rest != b"{}" else b"}")
+
+
 def special_tokens(tokenizer: Any) -> tuple[str, ...]:
     """The text of the tokenizer's special tokens (<|im_end|>, ...), longest first; none if it cannot say."""
     added = getattr(tokenizer, "get_added_tokens_decoder", None)
@@ -219,6 +245,30 @@ def _take(turn: _Turn, line: bytes, t: int, loads) -> bool:
     return True
 
 
+SEND_BUFFER_BYTES = 64 * 1024
+
+
+def _small_send_buffer() -> dict[str, Any]:
+    # A history of 100k tokens is a 400 KB request; sent in one send() over loopback, the kernel spends a
+    # millisecond on it in the event loop's thread, and every other lane's chunks wait. A small send buffer
+    # cuts it into slices the loop interleaves with reading. (aiohttp >= 3.12's socket_factory.)
+    import inspect
+    import socket
+
+    import aiohttp
+
+    if not SEND_BUFFER_BYTES or "socket_factory" not in inspect.signature(aiohttp.TCPConnector.__init__).parameters:
+        return {}
+
+    def factory(addr_info):
+        family, type_, proto, _, _ = addr_info
+        sock = socket.socket(family=family, type=type_, proto=proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        return sock
+
+    return {"socket_factory": factory}
+
+
 async def _stream(session, url: str, payload: bytes, turn: _Turn) -> None:
     """Send one turn and read its stream into `turn`; sets status to done or a failure."""
     import aiohttp
@@ -250,6 +300,11 @@ async def _stream(session, url: str, payload: bytes, turn: _Turn) -> None:
                     break
             if going and rest:
                 _take(turn, rest, perf(), loads)  # a last line without its newline
+            elif not going and turn.status is None:
+                # [DONE]: read the stream to its end (nothing after [DONE] counts), so that the connection
+                # goes back to the pool; a response left unread is closed, and the lane's next turn would
+                # pay for a new connection inside the event loop
+                await resp.content.read()
         if turn.status is not None:
             return
         if not turn.finished:
@@ -299,16 +354,20 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
             turns = conv["turns"]
             begin = start_turn(index, concurrency, len(turns)) if first else 0
             first = False
-            history: list[dict[str, Any]] = [system_message(system, marker, pass_)]
+            history = History(orjson.dumps)
+            history.add(system_message(system, marker, pass_))
             for earlier in turns[:begin]:
                 history.extend(earlier["messages"])
-                history.append({"role": "assistant", "content": earlier["reply"]})
+                history.add({"role": "assistant", "content": earlier["reply"]})
             for k in range(begin, len(turns)):
                 spec = turns[k]
                 history.extend(spec["messages"])
                 turn = _Turn(index, conv["id"], pass_, k, bool(spec.get("canary", conv.get("canary"))),
                              int(spec["max_tokens"]))
-                payload = orjson.dumps(adapter.body(history, turn.max_tokens, seed, model))
+                # Let the other lanes' chunks that arrived meanwhile be read (and timestamped) first: the
+                # body and its send are the longest thing a lane does without waiting.
+                await asyncio.sleep(0)
+                payload = history.body(adapter.body([], turn.max_tokens, seed, model))
                 opened.append(turn)
                 try:
                     async with asyncio.timeout(turn_timeout_s):
@@ -324,11 +383,11 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
                 if turn.status != "done":
                     break  # no reply to continue this conversation from
                 reply = spec["reply"] if turn.canary else strip_special(turn.text(), specials)
-                history.append({"role": "assistant", "content": reply})
+                history.add({"role": "assistant", "content": reply})
 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     # One connection per lane at most: the lanes are the only concurrency the server sees.
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency, **_small_send_buffer())
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
         await _ready(session, base, adapter)
         flush = await _flush(session, base, adapter)

@@ -108,6 +108,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     state.count += 1
     index = state.count
     entry = {"index": index, "t_start_ns": t_start, "t_end_ns": None,
+             "peer": (request.transport.get_extra_info("peername") or [None, None])[1],
              "body": body if script["record_bodies"] else {k: v for k, v in body.items() if k != "messages"}}
     state.requests.append(entry)
     state.in_flight += 1

@@ -77,6 +77,8 @@ def test_lanes_thread_the_whole_history_and_start_staggered(server, tok):
 
     # Lane discipline: never more than c requests in flight, and the c lanes kept it full.
     assert log["max_in_flight"] == 4
+    # each lane keeps its connection (a stream read to its end goes back to the pool)
+    assert len({r["peer"] for r in requests}) <= 4
     by_lane: dict[int, list[dict]] = {}
     for r in sorted(doc["turns"], key=lambda r: r["send_ns"]):
         by_lane.setdefault(r["lane"], []).append(r)
