@@ -13,7 +13,8 @@ The rules, in the order they apply to a board (one per kernel problem, and the s
   taken out of every standing, past hours included (the snapshots are refreshed), and a cleared one is
   credited from its own accepted_at.
 - A board at instant T ranks each competitor's best `ranked` result accepted at or before T: the
-  highest score (geometric mean of the workloads' speedups), the earlier accepted on equal scores.
+  highest score (a kernel board: the geometric mean of the workloads' speedups; the serving board: S,
+  which its result restates as score.speedup), the earlier accepted on equal scores.
 - Ties: walking down in score order, the first entry not yet placed leads a rank group; every following
   entry whose 95% interval (score.interval; the point score when a result has none) overlaps the
   LEADER's interval joins the group. The group shares one rank (its position: 1, 1, 3, ...), and within
@@ -40,6 +41,9 @@ from pipeline.competition import Competition, DailyWindow, format_instant, parse
 from pipeline.ledger import latest_markings
 
 SNAPSHOT_VERSION = 2  # 2: the chain head each snapshot rests on
+# The serving board's columns: the ratio of each scored figure to the baseline's, as a serving result's
+# performance entries name them (pipeline/result.py's serving_document; c as in pipeline/serving/score.py).
+SERVING_FIGURES = tuple(f"{m}_{c}" for c in (1, 4, 16, 32) for m in ("T", "I"))
 STATES = ("ranked", "under_review", "disqualified", "out_of_window")
 _KEY = attrgetter("key")
 
@@ -141,7 +145,7 @@ def board_specs(problems: dict[str, tuple[str, tuple[str, ...]]], results: Itera
     for name, names in extra.items():
         known[name] = (f"{name} (not in problems/)", tuple(names))
     specs = [BoardSpec(f"kernel/{n}", "kernel", n, known[n][0], tuple(known[n][1])) for n in sorted(known)]
-    specs.append(BoardSpec("serving", "serving", None, "Serving (SGLang patch)", ()))
+    specs.append(BoardSpec("serving", "serving", None, "Serving (SGLang patch)", SERVING_FIGURES))
     return specs
 
 
@@ -465,9 +469,9 @@ def _snapshot_md(d: Derived, k: int, t: str, head: ChainHead) -> str:
         if not state.rows:
             lines += ["", "No ranked results.", ""]
             continue
-        lines += ["", "| rank | competitor | speedup | PR |", "| ---: | --- | ---: | --- |"]
+        lines += ["", f"| rank | competitor | {_score_name(s)} | PR |", "| ---: | --- | ---: | --- |"]
         for r, e in state.rows:
-            lines.append(f"| {r} | @{e.login} | {e.speedup:.3f}x | #{e.pr} |")
+            lines.append(f"| {r} | @{e.login} | {_score(s, e.speedup)} | #{e.pr} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -527,6 +531,17 @@ def _t(at: str) -> str:
 
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}x"
+
+
+def _score(s: BoardSpec | None, v: float | None) -> str:
+    """A board's score as it shows it: a kernel board's speedup with an x, the serving board's S without."""
+    if s is not None and s.track == "serving":
+        return "-" if v is None else f"{v:.3f}"
+    return _x(v)
+
+
+def _score_name(s: BoardSpec) -> str:
+    return "score" if s.track == "serving" else "speedup"
 
 
 def _us(v: float | None) -> str:
@@ -629,27 +644,30 @@ def _current_window(d: Derived, standings: dict[str, Standing]) -> list[str]:
     for t in open_tracks:
         ws = c.windows(t.name)
         w = next(w for w in ws if w.start <= d.now < w.close)
+        name = "score" if t.name == "serving" else "speedup"
         out += [f"{t.title}: window {w.index} of {len(ws)}, {_day(w.start)} to {_day(w.close)} UTC.", "",
-                "| board | holds it now | speedup | PR | accepted (UTC) |", "| --- | --- | ---: | --- | --- |"]
+                f"| board | holds it now | {name} | PR | accepted (UTC) |", "| --- | --- | ---: | --- | --- |"]
         for s in d.specs:
             if s.track != t.name:
                 continue
             h = standings[s.id].holder
             out.append(f"| {s.slug} | " + ("nobody yet | - | - | - |" if h is None else
-                       f"{_who(h.login)} | {_x(h.speedup)} | {_pr(c.repository, h.pr)} | {_t(h.at)} |"))
+                       f"{_who(h.login)} | {_score(s, h.speedup)} | {_pr(c.repository, h.pr)} | {_t(h.at)} |"))
         out.append("")
     return out
 
 
-def _unranked(d: Derived, st: Standing) -> list[str]:
+def _unranked(d: Derived, st: Standing, s: BoardSpec | None = None) -> list[str]:
     if not st.unranked:
         return []
-    out = ["Not ranked:", "", "| competitor | time (us) | speedup | PR | accepted (UTC) | why |",
-           "| --- | ---: | ---: | --- | --- | --- |"]
+    serving = s is not None and s.track == "serving"
+    out = ["Not ranked:", "", "| competitor | score | PR | accepted (UTC) | why |", "| --- | ---: | --- | --- | --- |"] \
+        if serving else ["Not ranked:", "", "| competitor | time (us) | speedup | PR | accepted (UTC) | why |",
+                         "| --- | ---: | ---: | --- | --- | --- |"]
     for e in st.unranked:
         why = e.why + ("" if e.official else "; unofficial (CPU)")
-        out.append(f"| {_who(e.login)} | {_us(e.time_us)} | {_x(e.speedup)} | {_pr(d.competition.repository, e.pr)} | "
-                   f"{_t(e.at)} | {_cell(why)} |")
+        figures = _score(s, e.speedup) if serving else f"{_us(e.time_us)} | {_x(e.speedup)}"
+        out.append(f"| {_who(e.login)} | {figures} | {_pr(d.competition.repository, e.pr)} | {_t(e.at)} | {_cell(why)} |")
     return out + [""]
 
 
@@ -696,23 +714,31 @@ def _kernel_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[st
 
 def _serving_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[str]:
     repo = d.competition.repository
-    out = ["The serving result's fields (T_c and I_c ratios per concurrency) are defined with the serving "
-           "evaluator; until then this board shows the score alone (the unpatched SGLang scores 1.000).", "",
-           "| rank | competitor | score | 95% interval | PR | accepted (UTC) | notes |",
-           "| ---: | --- | ---: | --- | --- | --- | --- |"]
-    baseline = "| | baseline (unpatched SGLang) | 1.000 | | | | |"
+    out = ["Each result's score S combines the ratios of its throughput per GPU (T_c) and interactivity (I_c) to "
+           "the unpatched SGLang's, measured on the same node in the same run at concurrency c = 1, 4, 16 and 32 "
+           "(the columns, before clipping): the unpatched SGLang scores 1.000. A result whose correctness gate "
+           "failed (G = 0: its canary replies, its GSM8K accuracy or a level's failed turns) scores 0 and, like a "
+           "kernel that fails its check, is never recorded.", ""]
+    head = ["rank", "competitor", "score", "95% interval"] + [f"{f[0]} c={f[2:]}" for f in s.workloads] + \
+        ["PR", "accepted (UTC)", "notes"]
+    align = ["---:", "---", "---:", "---"] + ["---:"] * len(s.workloads) + ["---", "---", "---"]
+    out += ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
+    baseline = ("| | baseline (unpatched SGLang) | 1.000 | | " + " | ".join("1.000" for _ in s.workloads)
+                + (" | " if s.workloads else "") + "| | |")
     below = _first_rank_below_baseline(st)
     for r, e in st.rows:
         if r == below:
             out.append(baseline)
-        out.append(f"| {r} | {_who(e.login)} | {e.speedup:.3f} | {e.lo:.3f}-{e.hi:.3f} | {_pr(repo, e.pr)} | "
-                   f"{_t(e.at)} | {_notes(e)} |")
+        ratios = e.workloads
+        per = [_score(s, ratios.get(f)) for f in s.workloads]
+        out.append("| " + " | ".join([str(r), _who(e.login), f"{e.speedup:.3f}",
+                                      f"{e.lo:.3f}-{e.hi:.3f}", *per, _pr(repo, e.pr), _t(e.at), _notes(e)]) + " |")
     if below is None:
         out.append(baseline)
     out.append("")
     if not st.rows:
         out += ["No results yet.", ""]
-    out += _unranked(d, st)
+    out += _unranked(d, st, s)
     if plot:
         out += [f"![serving: the best score over time]({plot_path(s)})", ""]
     return out
@@ -756,6 +782,10 @@ def _rules(d: Derived) -> list[str]:
         "- Score: the geometric mean of the workloads' speedups (baseline median / submission median, both "
         "from the same run); time: the geometric mean of the submission's medians. Each competitor's best "
         "result is ranked.",
+        "- Serving score: S = G x exp(the mean over the eight ratios r, T_c and I_c to the baseline's at c = 1, 4, "
+        "16, 32, each clipped to [0.25, 4], of log r less any shortfall below 1 - eps once more), eps twice the "
+        "baseline's spread against itself in the same run (B C C B on one node); G is the correctness gate. Its "
+        "95% interval is S widened on each side by that spread.",
         "- Ties: a score's 95% interval is the interval from its own samples widened by the problem's "
         "measured run-to-run band (how far the baseline scores against itself across evaluations on the H200). "
         "Walking down the scores, an entry whose 95% interval overlaps that of the first entry of "
