@@ -353,9 +353,14 @@ def gate_lines(doc: dict[str, Any]) -> list[str]:
         ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (base, margin))
         return _pct(max(0.0, base - margin)) if ok else "-"
 
-    c_ok = canary["candidate"] is not None and canary["baseline"] is not None and \
-        canary["candidate"] >= canary["baseline"] - canary["margin"] - 1e-12
-    g_ok = gsm["candidate"] >= gsm["baseline"] - gsm["margin"] - 1e-12
+    def holds(value: Any, base: Any, margin: Any) -> bool:
+        """value >= base - margin, as score.gate decides it; False for anything that is not three numbers."""
+        nums = (value, base, margin)
+        return all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in nums) \
+            and value >= base - margin - 1e-12
+
+    c_ok = holds(canary["candidate"], canary["baseline"], canary["margin"])
+    g_ok = holds(gsm["candidate"], gsm["baseline"], gsm["margin"])
     invalid = gate["invalid_levels"]
     return [
         f"correctness gate: G = {_int(gate['G'])}",

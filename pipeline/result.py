@@ -174,7 +174,7 @@ def serving_side(runs: list[dict[str, Any]]) -> dict[str, Any]:
         reasons.append("no turn ended inside the measurement window" + (" in some run" if len(runs) > 1 else ""))
     if not T:
         reasons.append("no output token was timestamped inside the measurement window")
-    keys = runs[0]["unscored"].keys()
+    keys = sorted({k for r in runs for k in r["unscored"]})
     return {
         "T": T, "I": I,
         "unscored": {k: _median([r["unscored"][k] for r in runs if r["unscored"].get(k) is not None]) for k in keys},
