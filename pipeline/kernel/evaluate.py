@@ -114,6 +114,17 @@ def _resolved(opts: Options, device: str) -> Options:
     return out
 
 
+# A worker's reply may only choose between the two failures it can tell apart: its code did not load or
+# compile, or it raised when called. Anything else it claims was written by a submission that patched
+# the worker's reporter in its own process, and the parent's status for the phase stands.
+WORKER_STATUSES = ("compile_error", "runtime_error")
+
+
+def worker_status(reply: dict[str, Any], default: str) -> str:
+    status = reply.get("status")
+    return status if status in WORKER_STATUSES else default
+
+
 class ChildFailure(Exception):
     """A worker died or broke the channel; `role` says whose worker."""
 
@@ -505,7 +516,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         reply = child.request({"op": "load", "path": str(Path(submission).resolve()), "module": "submission",
                                "function": "custom_kernel"}, opts.limits.compile)
         if not reply.get("ok"):
-            fail(reply.get("status", "compile_error"), reply)
+            fail(worker_status(reply, "compile_error"), reply)
             return _finish(doc)
         say(f"loaded {problem.name} submission in {time.monotonic() - t_start:.1f} s")
         first = True
@@ -555,7 +566,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         if exc.role == "baseline":
             raise BaselineFailure(f"the baseline of {problem.name} failed (shape {current_shape}): "
                                   f"{exc.reply.get('error')}; this is not the submission's result") from exc
-        fail(exc.reply.get("status", "runtime_error"), exc.reply)
+        fail(worker_status(exc.reply, "runtime_error"), exc.reply)
     finally:
         child.close()
         if baseline is not None:
@@ -657,7 +668,7 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
             entry["seeds"] = i + 1
             entry["wall_s"] = watch.summary()
             if not reply.get("ok"):
-                fail(reply.get("status", "runtime_error"), reply)
+                fail(worker_status(reply, "runtime_error"), reply)
                 entry.update(passed=False, failed_seed_index=i, reason=reply.get("error"))
                 return entry
             verdicts = _judge_call(problem, reply.get("output"), out, shared, inputs, expected)
@@ -873,7 +884,7 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
             if t == "baseline":
                 raise BaselineFailure(f"the baseline of {problem.name} failed on {key}: {reply.get('error')}\n"
                                    f"{reply.get('traceback', '')}\n{base.log_tail()}")
-            fail(reply.get("status", "runtime_error"), reply)
+            fail(worker_status(reply, "runtime_error"), reply)
             raise _Abort
         return reply
 
