@@ -17,10 +17,11 @@ Engines spell that differently, and the launch template (never the competitor) p
                 string, with `do_sample: false`. `max_tokens` is left out: it would override
                 max_new_tokens after the string is read. `stream_options` is accepted and ignored; usage
                 comes in the final chunk anyway. No cache to flush. Its stream always drops special
-                tokens (a DecodeStream with skip_special_tokens unless a response parser is set) and
-                continuous batching applies no per-request logits processor, so the model it serves must
-                be launched unable to write them (suppress_tokens in its generation_config.json, as
-                tests/serving/test_transformers_serve.py does), or its forced turns count short.
+                tokens (a DecodeStream with skip_special_tokens unless a response parser is set), so the
+                engine must be kept from writing them or its forced turns count short; with continuous
+                batching the first request's generation_config sets the logits processors of every later
+                one (transformers 5.24's CBGenerateManager.init_cb), so the launch's warm-up request
+                carries `suppress_tokens` with the special ids (tests/serving/test_transformers_serve.py).
   openai        `max_tokens: N` only (an OpenAI-compatible server that knows no forced length: its turns
                 may stop early, and the replay then says so). No cache to flush.
 
