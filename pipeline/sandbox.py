@@ -52,6 +52,8 @@ Interface (what the evaluator calls):
 
     Limits(file_size=16 GiB, open_files=4096, processes=512, cpu_seconds=3600, core=0,
            cpu_memory=8 GiB, scratch_bytes=16 GiB, shm_bytes=256 MiB)       # frozen dataclass
+        its defaults are competition.toml's [limits.sandbox] (load_limits; these values where the
+        package runs without the file)
     Policy(isolate: bool | None = None, limits: Limits = Limits())
     availability() -> tuple[bool, str | None]     # can this process isolate; why not (probed once)
     SandboxUnavailable(RuntimeError)              # isolate=True where isolation cannot be had
@@ -581,18 +583,126 @@ UID_RANGE = (1_000_000_000, 2_000_000_000)
 START_TIMEOUT = 60.0
 
 
+# ---- the limits, as data: competition.toml's [limits] ----
+
+COMPETITION_TOML = LAUNCHER.parent.parent / "competition.toml"
+_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+class LimitsError(ValueError):
+    """competition.toml's [limits] cannot be used; the message names the table and key to fix."""
+
+
+def _bytes(value, where: str) -> int:
+    """A size: an integer of bytes, or a string such as "16 GiB" (bytes, KiB, MiB, GiB, TiB)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        parts = value.split()
+        if len(parts) == 2 and parts[1] in _UNITS:
+            try:
+                number = float(parts[0])
+            except ValueError:
+                number = -1.0
+            if number >= 0 and number * _UNITS[parts[1]] == int(number * _UNITS[parts[1]]):
+                return int(number * _UNITS[parts[1]])
+    raise LimitsError(f"{where} must be a size such as \"16 GiB\" (units: {', '.join(_UNITS)}) or an integer "
+                      f"of bytes, not {value!r}")
+
+
+def _number(value, where: str, kind: str) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LimitsError(f"{where} must be a number, not {value!r}")
+    if kind == "count" and (not isinstance(value, int) or value < 1):
+        raise LimitsError(f"{where} must be a whole number of at least 1, not {value!r}")
+    if kind == "fraction" and not 0 <= value <= 1:
+        raise LimitsError(f"{where} must be a fraction between 0 and 1, not {value!r}")
+    if kind in ("seconds", "positive") and not value > 0:
+        raise LimitsError(f"{where} must be more than 0, not {value!r}")
+    return value
+
+
+def load_limits(section: str, spec: dict[str, tuple[str, object]], path: Path | None = None) -> dict:
+    """competition.toml's [limits.<section>], checked against `spec` ({key: (kind, built-in value)}; kinds:
+    bytes, count, seconds, positive, number, fraction, integer, names): {key: value}. Every key of the spec
+    must be there and nothing else (a misspelt limit must not pass silently as its default). Where the
+    file does not exist (the package installed without its checkout) the built-in values are the limits."""
+    import tomllib
+
+    path = COMPETITION_TOML if path is None else Path(path)
+    if not path.is_file():
+        return {key: built_in for key, (_, built_in) in spec.items()}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise LimitsError(f"{path}: cannot be read as TOML ({exc})") from None
+    table = data.get("limits", {}).get(section) if isinstance(data.get("limits"), dict) else None
+    where = f"{path.name} [limits.{section}]"
+    if not isinstance(table, dict):
+        raise LimitsError(f"{where}: the table is missing; it needs {', '.join(spec)}")
+    unknown = sorted(set(table) - set(spec))
+    missing = [k for k in spec if k not in table]
+    if unknown or missing:
+        raise LimitsError(f"{where}: " + "; ".join(
+            ([f"unknown key(s) {', '.join(unknown)}"] if unknown else []) +
+            ([f"missing key(s) {', '.join(missing)}"] if missing else [])) + f" (the keys are {', '.join(spec)})")
+    out = {}
+    for key, (kind, _) in spec.items():
+        value, at = table[key], f"{where} {key}"
+        if kind == "bytes":
+            out[key] = _bytes(value, at)
+        elif kind == "names":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise LimitsError(f"{at} must be a list of names, not {value!r}")
+            out[key] = list(value)
+        elif kind == "integer":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise LimitsError(f"{at} must be an integer, not {value!r}")
+            out[key] = value
+        else:
+            out[key] = _number(value, at, kind)
+    return out
+
+
+# [limits.sandbox] key: (kind, built-in value, the Limits field it sets)
+SANDBOX_LIMITS = {
+    "cpu_seconds": ("count", 3600, "cpu_seconds"),
+    "memory": ("bytes", 8 << 30, "cpu_memory"),
+    "processes": ("count", 512, "processes"),
+    "file_size": ("bytes", 16 << 30, "file_size"),
+    "open_files": ("count", 4096, "open_files"),
+    "core": ("bytes", 0, "core"),
+    "scratch": ("bytes", 16 << 30, "scratch_bytes"),
+    "shm": ("bytes", 256 << 20, "shm_bytes"),
+}
+
+
+def sandbox_limits(path: Path | None = None) -> dict[str, int]:
+    """[limits.sandbox] as Limits' keyword arguments."""
+    got = load_limits("sandbox", {k: (kind, v) for k, (kind, v, _) in SANDBOX_LIMITS.items()}, path)
+    return {field_: got[k] for k, (_, _, field_) in SANDBOX_LIMITS.items()}
+
+
+_CONFIGURED = sandbox_limits()
+
+
 @dataclass(frozen=True)
 class Limits:
-    file_size: int = 16 << 30  # output bundles of the layer problems reach a few GB
-    open_files: int = 4096
-    processes: int = 512  # RLIMIT_NPROC of the sandbox's own uid: counts threads too (torch, CUDA)
-    cpu_seconds: int = 3600  # CPU time of a process over all its threads; wall-clock limits are the caller's
-    core: int = 0
+    """What one process of a sandbox may use. The defaults are competition.toml's [limits.sandbox]."""
+
+    file_size: int = _CONFIGURED["file_size"]  # output bundles of the layer problems reach a few GB
+    open_files: int = _CONFIGURED["open_files"]
+    processes: int = _CONFIGURED["processes"]  # RLIMIT_NPROC of the sandbox's own uid: counts threads too (torch, CUDA)
+    # CPU time of a process over all its threads; wall-clock limits are the caller's
+    cpu_seconds: int = _CONFIGURED["cpu_seconds"]
+    core: int = _CONFIGURED["core"]
     # Data segment + private mappings. Only without a GPU: CUDA maps address space far beyond what it
     # uses, so on the runner memory is bounded by the job's cgroup (docs/RUNBOOK.md) instead.
-    cpu_memory: int = 8 << 30
-    scratch_bytes: int = 16 << 30  # the scratch tmpfs; a layer's input set is gigabytes
-    shm_bytes: int = 256 << 20  # the fresh /dev/shm
+    cpu_memory: int = _CONFIGURED["cpu_memory"]
+    # The scratch tmpfs; a layer's input set is gigabytes. A tmpfs is memory: RLIMIT_DATA does not count
+    # it, the runner's cgroup does.
+    scratch_bytes: int = _CONFIGURED["scratch_bytes"]
+    shm_bytes: int = _CONFIGURED["shm_bytes"]  # the fresh /dev/shm
 
 
 @dataclass
