@@ -60,7 +60,7 @@ class Limits:
     """Seconds per phase; the defaults are competition.toml's [limits.wall_clock]."""
 
     compile: float = _WALL_CLOCK["compile"]  # importing the submission
-    first_call: float = _WALL_CLOCK["first_call"]  # a shape's first call; warm-up and capture of the timed graphs
+    first_call: float = _WALL_CLOCK["first_call"]  # the first call (compiles, autotunes); warm-up and capture
     call: float = _WALL_CLOCK["call"]  # every other call, and each timed block
     total: float = _WALL_CLOCK["total"]  # the whole evaluation
 
@@ -142,11 +142,41 @@ class ChildFailure(Exception):
 
 
 class WorkerTimeout(TimeoutError):
-    """A worker did not answer in time; `role` says whose worker."""
+    """A worker did not answer in time; `role` says whose worker, `op` what it was asked, `seconds` the
+    limit it was given (`total`: the evaluation's total limit ran out first)."""
 
-    def __init__(self, role: str = "submission"):
+    def __init__(self, role: str = "submission", op: str | None = None, seconds: float | None = None,
+                 total: bool = False):
         super().__init__(f"the {role}'s worker did not answer in time")
         self.role = role
+        self.op = op
+        self.seconds = seconds
+        self.total = total
+
+
+# What a worker was doing when it failed, by the request's op: the "where" of a fault's message.
+PHASES = {
+    "load": "importing the submission",
+    "call": "a call of custom_kernel",
+    "bench_prepare": "warming up custom_kernel and capturing a trial CUDA graph of it",
+    "bench_capture": "capturing the timed CUDA graphs",
+    "bench_measure": "a timed block",
+    "bench_outputs": "reading back the timed graph's outputs",
+    "bench_crosscheck": "the fresh-content cross-check",
+    "bench_release": "releasing a workload's graphs",
+}
+# What a signal that killed a worker most likely means, for the competitor.
+SIGNAL_MEANING = {
+    "SIGSEGV": "a segmentation fault: native code, an extension, ctypes or a custom op, touched memory it does not own",
+    "SIGBUS": "a bus error: native code touched a mapping with nothing behind it",
+    "SIGABRT": "an abort: a native library gave up, on a failed assertion, corrupted memory or an uncaught C++ exception",
+    "SIGFPE": "an arithmetic fault in native code, such as an integer division by zero",
+    "SIGILL": "an illegal instruction: native code built for another processor",
+    "SIGXCPU": "it used up its CPU time, {cpu_seconds} s, competition.toml [limits.sandbox] cpu_seconds",
+    "SIGXFSZ": "it wrote a file past its size limit, {file_size} bytes, competition.toml [limits.sandbox] file_size",
+    "SIGKILL": "past its CPU-time limit, or by the runner's memory limit, the kernel's OOM killer",
+}
+ADVICE = "run `python -m pipeline evaluate <your submission.py>` on your own machine (--device cpu without a GPU)"
 
 
 class BaselineFailure(RuntimeError):
@@ -164,6 +194,8 @@ class Child:
                  role: str = "submission"):
         self.deadline = deadline
         self.role = role
+        self.limits = policy.limits
+        self.op: str | None = None  # the last request's op: where a failure happened
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._resp_r, resp_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -201,6 +233,7 @@ class Child:
         # Every reply must echo a fresh nonce: a line that the submission writes to the reply pipe
         # itself (its number is no secret) cannot pass for the harness's answer.
         nonce = secrets.token_hex(16)
+        self.op = req.get("op")
         new = [a for a in arenas if a.id not in self._sent]
         req = {**req, "nonce": nonce, "arenas": [a.spec() for a in new], "drop": self._drop}
         try:
@@ -209,7 +242,7 @@ class Child:
             raise ChildFailure(self._death(), self.role) from None
         self._sent.update(a.id for a in new)
         self._drop = []
-        return nonce, min(time.monotonic() + timeout, self.deadline)
+        return nonce, min(time.monotonic() + timeout, self.deadline), timeout, self.op
 
     def release(self, arenas) -> None:
         """The parent is done with these buffers: it frees its side now, the worker unmaps its own with
@@ -219,12 +252,12 @@ class Child:
                 self._sent.discard(a.id)
                 self._drop.append(a.id)
 
-    def receive(self, pending: tuple[str, float]) -> dict[str, Any]:
-        nonce, limit = pending
+    def receive(self, pending: tuple[str, float, float, str | None]) -> dict[str, Any]:
+        nonce, limit, seconds, op = pending
         while b"\n" not in self._buf:
             remaining = limit - time.monotonic()
             if remaining <= 0:
-                raise WorkerTimeout(self.role)
+                raise WorkerTimeout(self.role, op, seconds, total=limit >= self.deadline)
             ready, _, _ = select.select([self._resp_r], [], [], remaining)
             if not ready:
                 continue
@@ -250,12 +283,20 @@ class Child:
 
     def _death(self) -> dict[str, Any]:
         code = self.box.wait(timeout=10)
+        phase = f" during {PHASES[self.op]}" if self.op in PHASES else ""
         if code is None:
-            why = f"the {self.role}'s process closed the harness channel"
+            why = (f"the {self.role}'s process closed the harness channel{phase}: a submission must not close "
+                   "or write to the harness's file descriptors")
         elif code < 0:
-            why = f"the {self.role}'s process was killed by {signal.Signals(-code).name}"
+            name = signal.Signals(-code).name
+            meaning = SIGNAL_MEANING.get(name, "").format(cpu_seconds=self.limits.cpu_seconds,
+                                                          file_size=self.limits.file_size)
+            why = (f"the {self.role}'s process was killed by {name}{phase}" + (f" ({meaning})" if meaning else "")
+                   + f"; to see where, {ADVICE}")
         else:
-            why = f"the {self.role}'s process exited with code {code} in the middle of a call"
+            why = (f"the {self.role}'s process exited with code {code}{phase or ' in the middle of a call'}: "
+                   "custom_kernel must return its output, never end the process (sys.exit, os._exit, a native "
+                   "library's exit)")
         return {"status": "runtime_error", "error": why}
 
     def log_tail(self) -> str:
@@ -567,8 +608,17 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             raise BaselineFailure(f"the baseline of {problem.name} did not answer within its time limit "
                                   f"(shape {current_shape}); this is not the submission's result") from exc
         child.kill()
-        limit = "the 15-minute total" if time.monotonic() >= deadline else "its time limit"
-        fail("timeout", {"error": f"the submission did not answer within {limit} (shape {current_shape})"})
+        phase = PHASES.get(getattr(exc, "op", None) or "", "its request")
+        if getattr(exc, "total", False) or time.monotonic() >= deadline:
+            limit = f"the evaluation's total of {opts.limits.total:g} s"
+        elif getattr(exc, "seconds", None):
+            limit = f"{exc.seconds:g} s, the limit for {phase}"
+        else:
+            limit = f"its time limit for {phase}"
+        where = f", on shape {current_shape}" if current_shape else ""
+        fail("timeout", {"error": f"the submission did not answer within {limit} (competition.toml "
+                                  f"[limits.wall_clock]){where}: its processes were killed. Make it finish well "
+                                  f"within the limit; to see where its time goes, {ADVICE}"})
     except ChildFailure as exc:
         if exc.role == "baseline":
             raise BaselineFailure(f"the baseline of {problem.name} failed (shape {current_shape}): "
