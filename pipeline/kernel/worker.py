@@ -302,16 +302,34 @@ class Worker:
         return {"ok": True}
 
 
-def _receive(sock: socket.socket, buffers: Mappings) -> dict | None:
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
+class NoDescriptorLeft(RuntimeError):
+    """The request's buffers did not arrive: this process has no file descriptor left to receive them."""
+
+
+def _receive(sock: socket.socket, buffers: Mappings) -> tuple[dict | None, NoDescriptorLeft | None]:
+    data, fds, flags, _addr = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
     if not data:
         for fd in fds:
             os.close(fd)
-        return None
+        return None, None
     req = json.loads(data)
+    wanted = len(req.get("arenas", []))
+    if flags & socket.MSG_CTRUNC and len(fds) < wanted:
+        # The kernel drops the descriptors a process at its RLIMIT_NOFILE cannot take: the submission
+        # holds every one it may open. Answered (with this request's nonce) as the submission's error.
+        for fd in fds:
+            os.close(fd)
+        buffers.drop(req.get("drop", []))
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return req, NoDescriptorLeft(
+            f"the harness could not hand this process its next buffers ({len(fds)} of {wanted} descriptors "
+            f"arrived): it holds all {limit} file descriptors it may open (competition.toml [limits.sandbox] "
+            "open_files); close the files custom_kernel opens")
     buffers.receive(req.get("arenas", []), fds)
     buffers.drop(req.get("drop", []))
-    return req
+    return req, None
 
 
 def main() -> None:
@@ -330,10 +348,12 @@ def main() -> None:
     while True:
         nonce = None
         try:
-            req = _receive(requests, worker.buffers)
+            req, refused = _receive(requests, worker.buffers)
             if req is None or req.get("op") == "exit":
                 break
             nonce = req.get("nonce")
+            if refused is not None:
+                raise refused
             reply = ops[req["op"]](req)
         except BaseException as exc:  # noqa: BLE001 - a bad request or the target's failure: reported, not raised
             reply = _error("runtime_error", exc, worker.path)
