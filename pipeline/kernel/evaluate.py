@@ -624,6 +624,18 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             raise BaselineFailure(f"the baseline of {problem.name} failed (shape {current_shape}): "
                                   f"{exc.reply.get('error')}; this is not the submission's result") from exc
         fail(worker_status(exc.reply, "runtime_error"), exc.reply)
+    except (torch.OutOfMemoryError, transport.TransportError) as exc:
+        # The evaluator's own allocation on the GPU failed. The health check before the evaluation found
+        # the GPU's memory free, and the baseline's needs are small and known: the submission's process,
+        # alive meanwhile, holds it (tests/faults/gpu_memory_held.py).
+        if device != "cuda" or not isinstance(exc, torch.OutOfMemoryError) and "OUT_OF_MEMORY" not in str(exc):
+            raise
+        child.kill()
+        where = f" on shape {current_shape}" if current_shape else ""
+        fail("runtime_error", {"error": f"the evaluator could not allocate GPU memory{where} while the submission's "
+                                        f"process was alive ({str(exc).splitlines()[0][:300]}): the submission held "
+                                        "the GPU's memory beyond its call; free what custom_kernel allocates and keep "
+                                        "nothing between calls beyond what it needs"})
     finally:
         child.close()
         if baseline is not None:
