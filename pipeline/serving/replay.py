@@ -47,7 +47,7 @@ error, chunk_ns and chunk_tokens (every content chunk's arrival and the tokens a
 tokens (counted, at most max_tokens), tokens_streamed (before that cap), usage (as reported, unused),
 and for canary turns the token ids. Every time is in nanoseconds from the run's origin (facts.origin_ns
 is that origin on the perf_counter_ns clock). pipeline/serving/metrics.py turns the records into T_c,
-I_c and the unscored figures.
+I_c and the unscored figures; the command adds them as `level` (with --gpus) and prints them.
 """
 
 from __future__ import annotations
