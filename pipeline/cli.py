@@ -228,6 +228,11 @@ from pipeline import sandbox as _sandbox  # noqa: E402
 
 VERBS.update(_sandbox.VERBS)
 
+# ---- the runner between evaluations: `runner health` (pipeline/runner.py) ----
+from pipeline import runner as _runner  # noqa: E402
+
+VERBS.update(_runner.VERBS)
+
 # ---- the serving track: `serving fetch | gate | dataset | replay | ...` (pipeline/serving/cli.py) ----
 from pipeline.serving import cli as _serving_cli  # noqa: E402
 
