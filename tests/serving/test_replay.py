@@ -206,7 +206,8 @@ def test_tokens_count_inside_the_window_and_open_work_is_cancelled(server, tok):
     lv = metrics.level(doc, gpus=1)
     assert lv["tokens_in_window"] == inside
     assert lv["T"] == pytest.approx(inside / 0.6)
-    assert lv["T"] <= 1 / 0.002 * 1.05  # no more than the server can send
+    # no more than the server sent: its schedule is a token every 2 ms from the first (late ones catch up)
+    assert before + inside <= (end - turn["first_ns"]) / 2e6 + 2
     assert lv["window_turns"] == 0 and lv["I"] is None  # a cancelled turn is not a user's turn
     # the server saw the client go: its handler ended
     deadline = time.monotonic() + 5
