@@ -119,7 +119,7 @@ def test_the_baseline_identity_covers_exactly_the_files_it_is_made_of(tmp_path):
     layer = dataclasses.replace(load_problem("muse_decode_layer"),
                                 reference_path=tmp_path / "reference" / "muse_decode_layer.py")
     before = baseline_identity(layer)
-    assert before["files"] == ["reference/_fused_moe_w4a16.py", "reference/_muse_layer.py",
+    assert before["files"] == ["reference/_fused_moe_w4a16.py", "reference/_layer_ops.py", "reference/_muse_layer.py",
                                "reference/configs/fused_moe_w4a16.json",
                                "reference/muse_attention_decode.py", "reference/muse_decode_layer.py",
                                "reference/muse_moe_w4a16.py"]
