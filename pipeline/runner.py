@@ -99,9 +99,12 @@ def run_known_kernel(n: int, device: str, sample: Callable[[], None] | None = No
     out = {"n": n, **checksums(a @ b), "median_ms": None}
     if device == "cpu":
         return out
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
+    # A quarter of a second of work first: an idle GPU takes a moment to raise its clocks.
+    warm_until = time.monotonic() + 0.25
+    while time.monotonic() < warm_until:
+        for _ in range(10):
+            a @ b
+        torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(KERNEL_REPS)]
     for start, end in events:
         start.record()
