@@ -435,6 +435,13 @@ LIMIT_CASES = {
                               f.write(b"x" * (3 << 20))
                   """), {"sandbox": sandbox.Policy(limits=sandbox.Limits(file_size=1 << 20))},
                   "runtime_error", ("File too large",)),
+    # [limits.sandbox] shm: the sandbox's own /dev/shm, a tmpfs of that size
+    "shm": (lambda tmp: _sleeps(tmp, """
+                def custom_kernel(inputs):
+                    with open("/dev/shm/big", "wb") as f:
+                        f.write(b"x" * (3 << 20))
+            """), {"sandbox": sandbox.Policy(limits=sandbox.Limits(shm_bytes=1 << 20))},
+            "runtime_error", ("No space left on device",)),
     # [limits.wall_clock] compile: an import that never ends
     "compile": (lambda tmp: _sleeps(tmp, """
                     import time
@@ -464,13 +471,13 @@ LIMIT_CASES = {
 # The other limits are crossed by the matrix's rows and the sandbox's own tests (docs/SECURITY.md, "Faults"):
 # memory (host memory exhaustion), processes (fork bomb), open_files (opening every file descriptor),
 # scratch (filling the scratch disk), first_call (infinite Python loop); tests/test_sandbox.py crosses
-# each rlimit at its lowest level, and shm and core are checked there too (test_every_limit_is_set_inside).
+# each rlimit at its lowest level, and core is checked there too (test_every_limit_is_set_inside).
 
 
 @pytest.mark.parametrize("name", sorted(LIMIT_CASES))
 def test_each_limit_is_enforced_by_the_evaluation(name, tmp_path):
     make, options, status, says = LIMIT_CASES[name]
-    if "sandbox" in options and not ISOLATED and name != "file_size":
+    if "sandbox" in options and not ISOLATED and name not in ("file_size", "cpu_seconds"):
         pytest.skip(NOT_ISOLATED_WHY)
     doc = evaluate(make(tmp_path), PROJ, Options(**{**FAULT, **CPU, **options}))
     result.validate(doc)
