@@ -225,8 +225,11 @@ def killed_count(doc: dict) -> int:
 
 
 def check_fork_bomb(doc: dict) -> None:
-    # The uid's processes and threads are capped at the limit; the worker's own threads take a few.
-    assert killed_count(doc) >= sandbox.Limits().processes - 64, message(doc)
+    # Unbounded, the bomb would make 64 + 64**2 + 64**3 processes. The uid's processes and threads are
+    # capped at the limit (459 of 512 here; the worker's own threads, torch's among them, take the rest,
+    # more of them on a machine with more cores).
+    limit = sandbox.Limits().processes
+    assert limit // 2 <= killed_count(doc) < limit, message(doc)
 
 
 def check_network(doc: dict) -> None:
