@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 OK, REFUSED, USAGE = 0, 1, 2
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
 MAX_RESULT_BYTES = 16 * 1024 * 1024
 MAX_EVENT_BYTES = 32 * 1024 * 1024
 
@@ -312,7 +312,7 @@ def gate(args: argparse.Namespace) -> int:
 
 
 def _safe_url(url: str | None) -> bool:
-    return bool(url) and re.match(r"^https?://[\w./:-]+$", url) is not None
+    return bool(url) and re.match(r"^https?://[\w./:-]+\Z", url) is not None
 
 
 # ---- fetch-submission ----

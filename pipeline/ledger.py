@@ -47,9 +47,9 @@ RECORD_VERSION = 1
 GENESIS = "0" * 64
 MARKINGS = ("disqualification", "clearance")
 RECORDED_STATUSES = ("passed", "needs_review")
-LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})$")
-SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
-SHARD_RE = re.compile(r"^(\d{4})-(\d{2})\.jsonl$")
+LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})\Z")
+SHA1_RE = re.compile(r"^[0-9a-f]{40}\Z")
+SHARD_RE = re.compile(r"^(\d{4})-(\d{2})\.jsonl\Z")
 CHAIN_KEYS = ("seq", "prev", "sha256")
 # What the board and an auditor need of the environment; the rest stays in the result artifact.
 ENVIRONMENT_KEYS = ("gpu", "gpu_uuid", "driver", "cuda", "torch", "triton", "harness_commit", "image_digest",
@@ -113,9 +113,9 @@ def schema_problems(record: dict[str, Any]) -> list[str]:
     return [f"/{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:5]]
 
 
-_INSTANT_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
-_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
-_PROBLEM_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_INSTANT_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z\Z")
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}\Z")
+_PROBLEM_RE = re.compile(r"^[a-z][a-z0-9_]*\Z")
 _RESULT_KEYS = frozenset(("kind", "record_version", "seq", "prev", "sha256", "accepted_at", "track", "problem",
                           "login", "pr", "head_sha", "blob_sha", "path", "status", "official", "mode", "score",
                           "workloads", "flags", "environment", "result_sha256", "result_schema_version",

@@ -18,7 +18,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_SIZES = ("full", "smoke")
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*\Z")
 _ENTRY_KEYS_RESERVED = {"name", "smoke", "note"}
 _TOLERANCE_KEYS = {"atol", "rtol", "rel_l2", "min_match", "max_abs"}
 

@@ -42,7 +42,7 @@ from pipeline.github_cli import OK, REFUSED, USAGE, _error  # noqa: E402 - one w
 OUTPUTS = ("results", "leaderboard.md", "leaderboard")
 TOKEN_ENV = "PIPELINE_PUSH_TOKEN"
 DEFAULT_AUTHOR = "muse-pipeline[bot] <muse-pipeline[bot]@users.noreply.github.com>"
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
 # how far back find-result looks for the bench run of a merged head (a competition lasts weeks)
 LOOKBACK_DAYS = 60
 # the artifact of a bench run that holds its signed result.json (bench.yml's sign job uploads it)
@@ -103,7 +103,7 @@ def lost_race(output: str) -> bool:
 
 
 def _author(spec: str) -> tuple[str, str]:
-    m = re.match(r"^\s*([^<>]+?)\s*<([^<>\s]+)>\s*$", spec or "")
+    m = re.match(r"^\s*([^<>]+?)\s*<([^<>\s]+)>\s*\Z", spec or "")
     if not m:
         raise ValueError(f"--author {spec!r}: give it as 'Name <email>'")
     return m.group(1), m.group(2)
@@ -546,7 +546,7 @@ def find_result(args: argparse.Namespace) -> int:
              "run_id": str(run.id)}
     # every value is a number, a login, a hex SHA or an instant: none can carry a newline into the file
     for key, value in facts.items():
-        if not re.match(r"^[A-Za-z0-9:._-]+$", value):
+        if not re.match(r"^[A-Za-z0-9:._-]+\Z", value):
             return _error(REFUSED, f"unexpected {key} {value!r} from the API")
     if args.output:
         with open(args.output, "a", encoding="utf-8") as fh:

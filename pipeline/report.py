@@ -144,7 +144,7 @@ def terminal(doc: dict[str, Any]) -> str:
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
 _ZWSP = "\u200b"
-_PLAIN_NUMBER = re.compile(r"^[0-9][0-9,.]*( - [0-9][0-9,.]*)?(x|%)?$")
+_PLAIN_NUMBER = re.compile(r"^[0-9][0-9,.]*( - [0-9][0-9,.]*)?(x|%)?\Z")
 
 
 def md_escape(text: Any, limit: int = 500) -> str:
@@ -226,7 +226,7 @@ def comment_markdown(doc: dict[str, Any], *, rank: str | None = None, log_url: s
         f"<sub>{md_escape(env.get('gpu') or env.get('cpu') or 'cpu')}, {software}, "
         f"harness {md_escape((env.get('harness_commit') or 'unknown')[:12])}, "
         f"{doc['started_at']} - {doc['finished_at']}"
-        + (f" · [run log]({log_url})" if log_url and re.match(r"^https://[\w./-]+$", log_url) else "")
+        + (f" · [run log]({log_url})" if log_url and re.match(r"^https://[\w./-]+\Z", log_url) else "")
         + "</sub>",
     ]
     rows = correctness_rows(doc)
@@ -277,7 +277,7 @@ UNSCORED_HEADERS = ["c", "side", "1000/median TPOT", "TTFT p50 ms", "TTFT p90 ms
                     "cache hits (server's claim)", "turns", "failed"]
 PLOT_NAME = "serving-plot.png"
 PLOT_ALT = "throughput per GPU against interactivity, baseline and candidate, one point per concurrency"
-_SAFE_URL = re.compile(r"^https://[\w./-]+$")
+_SAFE_URL = re.compile(r"^https://[\w./-]+\Z")
 _MAX_REASONS = 5  # per level side, in the comment (the result keeps them all)
 _MAX_REASON_LINES = 20  # in all
 

@@ -54,7 +54,7 @@ PROTECTED = {
 REGULAR = "100644"
 MODES = {"100755": "an executable file", "120000": "a symbolic link", "160000": "a submodule", "040000": "a directory"}
 # GitHub's rule for logins: alphanumerics and single inner hyphens, at most 39 characters
-LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}$")
+LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}\Z")
 _SEGMENT_BAD = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
 _NOT_UTF8 = re.compile(r"[\ud800-\udfff]")  # a byte that is not UTF-8, kept as a lone surrogate
 MAX_LISTED = 100  # violations shown in the PR comment; the JSON verdict keeps every one

@@ -529,3 +529,26 @@ def test_a_missing_competition_is_a_usage_error(tmp_path, capsys):
     assert "competition.toml does not exist" in capsys.readouterr().err
     write_competition(tmp_path)
     assert main(["prizes", "--root", str(tmp_path), "--now", "2026-10-22"]) == 2
+
+
+@pytest.mark.parametrize("flag, value", [("--login", "alice\n"), ("--head-sha", sha("head-1") + "\n")])
+def test_a_value_with_a_trailing_newline_is_refused(tmp_path, capsys, flag, value):
+    """Python's `$` matches before a final newline: a login or head SHA ending in one would pass an
+    anchored check and split a board row. Every anchored check ends with \\Z, so it is refused, and the
+    ledger is left as it was."""
+    path = tmp_path / "r.json"
+    path.write_bytes(raw(result_doc()))
+    argv = {"--login": "alice", "--head-sha": sha("head-1")}
+    argv[flag] = value
+    code = main(["ledger", "append", str(path), "--pr", "1", "--login", argv["--login"], "--head-sha",
+                 argv["--head-sha"], "--merged-at", "2026-10-22T10:00:00Z", "--root", str(tmp_path)])
+    assert code == 1 and flag in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.jsonl"))
+
+
+def test_every_anchored_check_refuses_a_trailing_newline():
+    from pipeline import github_cli, ledger, problems, publish, validate
+
+    for pattern, good in ((ledger.LOGIN_RE, "alice"), (ledger.SHA1_RE, sha("x")), (validate.LOGIN_RE, "alice"),
+                          (github_cli.SHA_RE, sha("x")), (publish.SHA_RE, sha("x")), (problems._NAME_RE, "muse_moe")):
+        assert pattern.match(good) and not pattern.match(good + "\n"), pattern.pattern
