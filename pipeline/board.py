@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import io
 import json
 import math
 from bisect import bisect_left, bisect_right
@@ -847,6 +846,8 @@ def render_plot(d: Derived, spec: BoardSpec) -> bytes | None:
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
+    from pipeline.report import png_bytes
+
     series = best_over_time(d.entries[spec.id])
     track = d.competition.tracks[spec.track]
     latest = max(e.at for e in d.entries[spec.id] if e.state == "ranked")
@@ -868,12 +869,9 @@ def render_plot(d: Derived, spec: BoardSpec) -> bytes | None:
         ax.set_title(f"{spec.slug}: best score over time (UTC), as of {latest[:16].replace('T', ' ')}", fontsize=9)
         ax.grid(True, linewidth=0.3)
         ax.legend(loc="lower right", fontsize=7)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", metadata={"Software": None, "Description": f"series sha256 {digest}"})
+        return png_bytes(fig, digest)
     finally:
         plt.close(fig)
-    return buf.getvalue()
 
 
 # ---- the would-be rank a PR comment shows ----

@@ -458,6 +458,17 @@ def plot_series(doc: dict[str, Any]) -> dict[str, list[tuple[int, float, float]]
     return out
 
 
+def png_bytes(fig: Any, digest: str) -> bytes:
+    """The figure as a deterministic PNG: laid out, no software name or timestamp in the file, and the
+    sha256 of the plotted series in its Description (the boards' plots and the PR comment's)."""
+    import io
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None, "Description": f"series sha256 {digest}"})
+    return buf.getvalue()
+
+
 def serving_plot(doc: dict[str, Any]) -> bytes | None:
     """A PNG: throughput per GPU (T_c) against interactivity (I_c), baseline and candidate, one point per
     concurrency joined in order; None for a result with no levels. Deterministic for one document (no
@@ -465,7 +476,6 @@ def serving_plot(doc: dict[str, Any]) -> bytes | None:
     if not doc.get("serving") or not doc["serving"]["levels"]:
         return None
     import hashlib
-    import io
     import json
 
     series = plot_series(doc)
@@ -497,12 +507,9 @@ def serving_plot(doc: dict[str, Any]) -> bytes | None:
         ax.set_ylim(bottom=0)
         ax.grid(True, linewidth=0.3)
         ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", metadata={"Software": None, "Description": f"series sha256 {digest}"})
+        return png_bytes(fig, digest)
     finally:
         plt.close(fig)
-    return buf.getvalue()
 
 
 def write_serving_plot(doc: dict[str, Any], folder: Any) -> Any:
