@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import http.server
 import json
 import os
 import re
@@ -26,7 +25,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
+from loopback import LoopbackServer
 from pipeline import result, runner, sandbox
 from pipeline.kernel.evaluate import WALL_CLOCK_LIMITS, BaselineFailure, Limits, Options, evaluate
 from pipeline.problems import load_problem
@@ -183,30 +182,6 @@ def fork_bomb(tmp: Path) -> Path:
             return out
     """))
     return path
-
-
-class LoopbackServer:
-    """An HTTP server on the host's loopback that records every request: the network row's target."""
-
-    def __init__(self) -> None:
-        hits = self.hits = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                hits.append(self.path)
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.port = self.server.server_address[1]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 SERVERS: dict[str, LoopbackServer] = {}
