@@ -1,13 +1,15 @@
 """The runner between two evaluations (github-flow.md, "The sandbox on the runner": a submission that
 crashes, hangs or corrupts the GPU fails alone, and the runner checks the GPU's health before it takes
-another job): `python -m pipeline runner health [--device auto|cuda|cpu] [--json OUT]`.
+another job): `python -m pipeline runner health [--device auto|cuda|cpu] [--gpus N] [--json OUT]`.
 
 `gather()` reads the machine. On the host: every process of a sandbox's uid still alive (a sandbox that
 outlived its evaluation), the free space where evaluations write, and, as root, whether the sandbox can
 isolate. On each GPU, through NVML (pynvml, from nvidia-ml-py, where installed; else `nvidia-smi`): its
 memory and compute processes, read before this process touches the GPU; then a known kernel with a known
 answer and time (`known_matmul`), the SM clock and NVML's clock-event reasons while it runs, the
-temperature and the uncorrected ECC errors. `decide()` judges those readings against competition.toml
+temperature and the uncorrected ECC errors. Every GPU CUDA shows is checked, one after the other (the
+serving track's node has eight); the node as a whole must show `--gpus N` of them, and none that the
+driver lists but cannot read or CUDA does not see. `decide()` judges those readings against competition.toml
 [limits.health]: a pure function of plain data, which the tests feed with recorded readings.
 
 Exit 0 healthy; 1 unhealthy, every reason printed; 2 a usage or configuration error. bench.yml runs it
@@ -174,11 +176,17 @@ class Nvml:
     def devices(self) -> list[dict[str, Any]]:
         nv, out = self.nv, []
         for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                uuid = self._text(nv.nvmlDeviceGetUUID(h))
+            except Exception as exc:  # noqa: BLE001 - a GPU fallen off the bus ("GPU is lost"): the finding
+                out.append({"nvml_index": i, "uuid": None, "name": None, "memory_total": None, "memory_free": None,
+                            "processes": None, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                continue
             mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
             procs = self._try(nv.nvmlDeviceGetComputeRunningProcesses, h)
             out.append({
-                "nvml_index": i, "uuid": self._text(nv.nvmlDeviceGetUUID(h)), "name": self._text(nv.nvmlDeviceGetName(h)),
+                "nvml_index": i, "uuid": uuid, "name": self._try(lambda: self._text(nv.nvmlDeviceGetName(h))),
                 "memory_total": int(mem.total) if mem else None, "memory_free": int(mem.free) if mem else None,
                 "processes": None if procs is None else [
                     {"pid": int(p.pid), "used_bytes": int(p.usedGpuMemory) if isinstance(p.usedGpuMemory, int) else None}
@@ -399,9 +407,11 @@ def gpu_present() -> bool:
 # ---- gathering ----
 
 
-def gather(device: str = "auto", bounds: dict[str, Any] | None = None, ignore_pids: set[int] = frozenset()) -> dict:
+def gather(device: str = "auto", bounds: dict[str, Any] | None = None, ignore_pids: set[int] = frozenset(),
+           gpus: int | None = None) -> dict:
     """What the machine looks like now, as plain data for `decide`. `ignore_pids`: GPU processes known not
-    to be an evaluation's leftovers (beyond this process and its ancestors, always ignored)."""
+    to be an evaluation's leftovers (beyond this process and its ancestors, always ignored). `gpus`: how
+    many GPUs this runner must show (the serving track's node: 8); every visible one is checked anyway."""
     bounds = bounds or load_bounds()
     readings: dict[str, Any] = {
         "device": device,
@@ -412,29 +422,40 @@ def gather(device: str = "auto", bounds: dict[str, Any] | None = None, ignore_pi
         readings["gpu_skipped"] = ("--device cpu" if device == "cpu" else
                                    "no NVIDIA GPU on this machine (no /dev/nvidia*, no nvidia-smi)")
         return readings
-    readings["gpu"] = _gather_gpu(bounds, _ancestors() | set(ignore_pids))
+    readings["gpu"] = _gather_gpu(bounds, _ancestors() | set(ignore_pids), gpus=gpus)
     return readings
 
 
-def _gather_gpu(bounds: dict[str, Any], ignore: set[int]) -> dict[str, Any]:
-    reader, why = _reader()
+def _gather_gpu(bounds: dict[str, Any], ignore: set[int], *, gpus: int | None = None, torch=None,
+                reader: Any = "auto") -> dict[str, Any]:
+    """Every CUDA device this process sees, one after the other, and what the driver lists (NVML or
+    nvidia-smi, read first). `torch` and `reader` stand in for the real ones in the tests (a machine of
+    eight GPUs is not here)."""
+    why = None
+    if reader == "auto":
+        reader, why = _reader()
     before: list[dict[str, Any]] = []
     if reader is not None:
         try:
             before = reader.devices()  # before this process has a CUDA context of its own
         except Exception as exc:  # noqa: BLE001
             reader, why = None, f"{reader.source}: {type(exc).__name__}: {exc}"
-    gpu: dict[str, Any] = {"source": reader.source if reader else None, "source_missing": why, "devices": []}
+    gpu: dict[str, Any] = {"source": reader.source if reader else None, "source_missing": why, "devices": [],
+                           "expected": gpus, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                           "driver_devices": [{"nvml_index": d["nvml_index"], "uuid": d["uuid"], "name": d["name"],
+                                               **({"error": d["error"]} if d.get("error") else {})} for d in before]}
     try:
-        import torch
+        if torch is None:
+            import torch
 
         if not torch.cuda.is_available():
             gpu["error"] = ("CUDA is not usable here (torch.cuda.is_available() is False) although the machine has an "
                             "NVIDIA GPU: the driver or the runtime is broken" if gpu_present() else
                             "this machine has no NVIDIA GPU (no /dev/nvidia*, no nvidia-smi, no CUDA device)")
             return gpu
+        usable = [d for d in before if not d.get("error")]
         for i in range(torch.cuda.device_count()):
-            gpu["devices"].append(_gather_device(torch, i, before, reader, bounds, ignore))
+            gpu["devices"].append(_gather_device(torch, i, usable, reader, bounds, ignore))
     finally:
         if reader is not None:
             reader.close()
@@ -548,11 +569,40 @@ def decide(readings: dict[str, Any], bounds: dict[str, Any]) -> dict[str, Any]:
         if gpu.get("source") is None:
             add("skip", "nvml", f"neither NVML nor nvidia-smi answered ({gpu.get('source_missing')}): the GPU's "
                 "processes, clocks, temperature and ECC were not checked")
+        _decide_gpu_set(gpu, add)
         for dev in gpu["devices"]:
             _decide_device(dev, bounds, add)
     reasons = [f"{name}: {detail}" for state, name, detail in checks if state == "FAIL"]
     skipped = [f"{name}: {detail}" for state, name, detail in checks if state == "skip"]
     return {"healthy": not reasons, "reasons": reasons, "skipped": skipped, "checks": checks}
+
+
+def _decide_gpu_set(gpu: dict[str, Any], add) -> None:
+    """The node as a whole: as many GPUs as its track needs (the serving track's tensor parallelism spans
+    all eight), none that the driver lists but cannot read, and, where CUDA_VISIBLE_DEVICES hides none,
+    none that the driver lists but CUDA does not see (such a GPU would never be checked or used)."""
+    devices, driver = gpu["devices"], gpu.get("driver_devices") or []
+    expected = gpu.get("expected")
+    if expected:
+        names = ", ".join(f"{d['index']} ({d.get('uuid') or 'uuid unknown'})" for d in devices)
+        if len(devices) < expected:
+            add("FAIL", "gpu count", f"{len(devices)} CUDA device(s) visible ({names}), this runner needs {expected}: a GPU "
+                "is missing, hidden (CUDA_VISIBLE_DEVICES) or failed to initialise; `nvidia-smi -L` lists what the "
+                "driver sees")
+        else:
+            add("ok", "gpu count", f"{len(devices)} CUDA device(s) visible (at least {expected})")
+    for d in driver:
+        if d.get("error"):
+            i = d["nvml_index"]
+            add("FAIL", f"gpu {i} (driver)", f"the driver cannot read this GPU: {d['error']}; it may have fallen off "
+                f"the bus (`nvidia-smi -q -i {i}`, the kernel log's Xid lines): reset it or retire the node")
+    seen = {d.get("uuid") for d in devices}
+    if gpu.get("cuda_visible_devices") is None and driver and None not in seen:
+        unseen = [d for d in driver if not d.get("error") and d.get("uuid") not in seen]
+        if unseen:
+            add("FAIL", "gpu visibility", "the driver lists " + ", ".join(
+                f"GPU {d['nvml_index']} ({d['uuid']})" for d in unseen) + " but CUDA does not see it: a GPU that "
+                "failed to initialise, or a driver and runtime that disagree; reset it or retire the node")
 
 
 def _decide_device(dev: dict[str, Any], bounds: dict[str, Any], add) -> None:
@@ -630,14 +680,14 @@ def _annotation(text: str) -> str:
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
-def health(device: str = "auto", out: Path | None = None) -> int:
+def health(device: str = "auto", out: Path | None = None, gpus: int | None = None) -> int:
     try:
         bounds = load_bounds()
     except sandbox.LimitsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    readings = gather(device, bounds)
+    readings = gather(device, bounds, gpus=gpus)
     verdict = decide(readings, bounds)
     seconds = time.monotonic() - started
     for state, name, detail in verdict["checks"]:
@@ -663,6 +713,9 @@ def _runner_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="cuda: a GPU must be there and healthy (the bench job); auto (default): check the GPU where "
                         "the machine has one, and say that the GPU checks were skipped where it has none")
+    h.add_argument("--gpus", type=int, metavar="N",
+                   help="the number of GPUs this runner must show (the serving track's node: 8); every visible GPU is "
+                        "checked whatever N is")
     h.add_argument("--json", type=Path, metavar="OUT", help="also write the readings and the verdict here")
 
 
@@ -676,7 +729,14 @@ def runner(args: argparse.Namespace) -> int:
         if args.json is not None and not args.json.parent.is_dir():
             print(f"error: --json {args.json}: the folder {args.json.parent} does not exist", file=sys.stderr)
             return 2
-        return health(args.device, args.json)
+        if args.gpus is not None and args.gpus < 1:
+            print(f"error: --gpus {args.gpus}: a runner needs at least one GPU; leave --gpus out to check whatever is "
+                  "there", file=sys.stderr)
+            return 2
+        if args.gpus is not None and args.device == "cpu":
+            print("error: --gpus with --device cpu: the GPU checks are skipped there", file=sys.stderr)
+            return 2
+        return health(args.device, args.json, args.gpus)
     print(f"error: unknown action {args.action!r}; the action is health", file=sys.stderr)
     return 2
 
