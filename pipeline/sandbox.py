@@ -11,7 +11,9 @@ As root, where the kernel lets us, a `Sandbox` runs its command
 - in new PID, network, IPC and mount namespaces. Every descendant dies with the namespace's pid 1 however
   deep or detached, and `kill()` returns only once the host's /proc shows nothing left in that pid
   namespace. The network is one loopback, left down: nothing, not even the host's 127.0.0.1 or its
-  abstract unix sockets, is reachable;
+  abstract unix sockets, is reachable. `loopback=True` brings that loopback up (and nothing else): a
+  server inside can listen on its own 127.0.0.1, which only a client that enters the namespace
+  (`net_namespace`, setns) reaches; the host's loopback stays as unreachable as before;
 - in a root assembled from read-only bind mounts of exactly what it needs, each at its own absolute path
   (`plan()` below): /usr, /etc, /bin, /sbin, /lib* (directories or links, as the host has them), /sys, the
   Python installation (sys.base_prefix, sys.prefix, the real sys.executable, every existing directory on
@@ -59,7 +61,7 @@ Interface (what the evaluator calls):
     SandboxUnavailable(RuntimeError)              # isolate=True where isolation cannot be had
     SandboxError(RuntimeError)                    # this sandbox could not be set up (a bad path, ...)
     Sandbox(argv, *, policy, readable, env, pass_fds=(), stdout=None, stderr=None,
-            device="cpu", cwd_scratch=True, hidden=(), scratch_base=None)  # starts it
+            device="cpu", cwd_scratch=True, hidden=(), scratch_base=None, loopback=False)  # starts it
         argv and env values may hold SCRATCH_TOKEN ("{scratch}"): replaced by the scratch's path, which
         is /tmp when isolated and a new folder in `scratch_base` (default: $TMPDIR) when plain.
         `hidden`: paths inside a bound tree to cover with an empty read-only folder (or /dev/null).
@@ -71,6 +73,8 @@ Interface (what the evaluator calls):
         .pid: int             host pid of the top process (the launcher; the command itself when plain)
         .uid, .gid: int|None  the sandbox's own ids (None when plain)
         .init_pid: int|None   host pid of the sandbox's pid 1
+        .net_namespace: str|None   /proc/<init>/ns/net while it lives (None when plain): what a client
+                              setns()es into to reach a server listening on the sandbox's loopback
         .isolated: bool; .reason: str|None (why not)
         .poll() -> int|None; .wait(timeout=None) -> int|None   Popen-like returncode, None on timeout
         .kill() -> int        SIGKILL everything; returns once nothing of it is left (SandboxError if
@@ -131,6 +135,9 @@ SECCOMP = {  # arch: (AUDIT_ARCH, clone, unshare, clone3)
     "aarch64": (0xC00000B7, 220, 97, 435),
 }
 CLONE_NEWUSER = 0x10000000
+
+# Bringing the loopback up: SIOCGIFFLAGS / SIOCSIFFLAGS on a struct ifreq (16-byte name, then the flags).
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 SCRATCH = "/tmp"  # the scratch as the command sees it: /tmp itself, so nothing has to be told twice
 SCRATCH_TOKEN = "{scratch}"  # in argv and env values: replaced by the scratch's path before the start
@@ -245,6 +252,21 @@ def _hold_none_of_the_callers(pass_fds: list[int], devnull: int) -> None:
     os.close(devnull)
 
 
+def _loopback_up() -> None:
+    """Bring `lo` of this (new) network namespace up: 127.0.0.1 inside, nothing outside."""
+    import _socket
+    import fcntl
+    import struct
+
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        req = struct.pack("16sh22x", b"lo", 0)
+        flags = struct.unpack("16sh22x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | IFF_UP))
+    finally:
+        s.close()
+
+
 def _launcher_main(spec: dict) -> int:
     """The top process: new pid/net/ipc namespaces, then wait for pid 1 and exit the way the command did."""
     import select
@@ -261,6 +283,12 @@ def _launcher_main(spec: dict) -> int:
     except OSError as exc:
         _report(report, "error", "unshare", exc.errno, f"unshare(pid, net, ipc): {exc.strerror}")
         return EXIT_SETUP
+    if spec.get("loopback"):
+        try:
+            _loopback_up()
+        except OSError as exc:
+            _report(report, "error", "loopback", exc.errno or 0, f"bringing lo up: {exc.strerror}")
+            return EXIT_SETUP
     devnull = os.open("/dev/null", os.O_RDWR)
     alive_r, alive_w = os.pipe()  # held by the launcher only: the init sees EOF once we are gone
     status_r, status_w = os.pipe()
@@ -1114,7 +1142,7 @@ class Sandbox:
     def __init__(self, argv: list[str], *, policy: Policy, readable: list[Path], env: dict[str, str],
                  pass_fds: tuple[int, ...] = (), stdout: int | None = None, stderr: int | None = None,
                  device: str = "cpu", cwd_scratch: bool = True, hidden: list[Path] = (),
-                 scratch_base: Path | None = None, _probing: bool = False):
+                 scratch_base: Path | None = None, loopback: bool = False, _probing: bool = False):
         argv = [os.fspath(a) for a in argv]
         if not argv:
             raise ValueError("an empty argv")
@@ -1127,6 +1155,7 @@ class Sandbox:
             raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
         self.policy = policy
         self.device = device
+        self.loopback = loopback
         self.returncode: int | None = None
         self.uid: int | None = None
         self.gid: int | None = None
@@ -1166,7 +1195,7 @@ class Sandbox:
             "pass_fds": list(pass_fds), "ops": [tuple(s) for s in self._plan["steps"]],
             "devices": self._plan["devices"], "rlimits": _rlimits(self.policy.limits, self.device, True),
             "scratch_bytes": self.policy.limits.scratch_bytes, "shm_bytes": self.policy.limits.shm_bytes,
-            "cwd": SCRATCH if cwd_scratch else "/",
+            "cwd": SCRATCH if cwd_scratch else "/", "loopback": self.loopback,
         }
         rep_r, rep_w = os.pipe()
         life_r, self._lifeline = os.pipe()  # the write end stays here, in this process only
@@ -1269,6 +1298,13 @@ class Sandbox:
         if self.init_pid is None:
             raise SandboxError("the sandbox has no init")
         return Path(f"/proc/{self.init_pid}/root") / SCRATCH.lstrip("/")
+
+    @property
+    def net_namespace(self) -> str | None:
+        """The sandbox's network namespace as a path to open and setns() into; None when plain (the host's)."""
+        if not self.isolated or self.init_pid is None:
+            return None
+        return f"/proc/{self.init_pid}/ns/net"
 
     def poll(self) -> int | None:
         code = self._proc.poll()
@@ -1406,12 +1442,13 @@ class Sandbox:
         if self.isolated:
             return {"isolation": "namespaces", "uid": self.uid, "gid": self.gid, "reason": None,
                     "namespaces": ["pid", "network", "mount", "ipc"], "limits": limits,
+                    "network": "own loopback up" if self.loopback else "own loopback down",
                     "seccomp": "no user namespaces" if os.uname().machine in SECCOMP else None,
                     "scratch": str(self.scratch), "readable": self._plan["readable"],
                     "warnings": self._plan["warnings"]}
         return {"isolation": "none", "uid": os.geteuid(), "gid": os.getegid(), "reason": self.reason,
-                "namespaces": [], "limits": limits, "seccomp": None, "scratch": str(self.scratch), "readable": None,
-                "warnings": []}
+                "namespaces": [], "limits": limits, "network": "the host's", "seccomp": None,
+                "scratch": str(self.scratch), "readable": None, "warnings": []}
 
     def __enter__(self) -> "Sandbox":
         return self
