@@ -61,13 +61,9 @@ for what in "$@"; do
                  step tune-moe-m1 240 python3 benchmarks/tune_fused_moe.py --write --m 1 --json "$OUT/tune-moe-m1.json"
                  cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
                  if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
-    # Issue 12, next: the layers with SGLang's small fused kernels (reference/_layer_ops.py) submitted against
-    # today's baselines (speedup = how much faster they are; the evaluator checks them on every shape).
-    fused-ops) step fused-ops-tests 120 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py \
-                 -k "fused or rope or routing"
-               step fused-ops 400 python3 benchmarks/official_eval.py --as-baseline --function baseline_fused_ops \
-                 --problem muse_decode_layer --problem muse_prefill_layer --seeds 2 --timeout 190 \
-                 --json "$OUT/fused-ops.json" ;;
+    # Issue 12: the layers' fused small ops (reference/_layer_ops.py) and the fused MoE's alignment on this GPU.
+    fused-ops) step fused-ops-tests 150 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py \
+                 tests/test_reference_muse_moe_w4a16.py -k "fused or rope or routing or align" ;;
     # Issue 12: the fused-MoE baselines submitted against themselves on the full model (every shape, 2 seeds):
     # their correctness through the evaluator, their times against the floor, the evaluations' wall time.
     baselines) step baselines 560 python3 benchmarks/official_eval.py --as-baseline \
@@ -107,6 +103,20 @@ for what in "$@"; do
             --runs 3 --json "$OUT/bias-decode.json"
           step bias-moe 150 python3 benchmarks/repeatability.py --as-baseline --problem muse_moe_w4a16 --shape M16 \
             --runs 3 --json "$OUT/bias-moe.json" ;;
+    # Issue 15: the fault matrix's GPU rows (each fault, then an honest evaluation on the same GPU) and the
+    # health check on this GPU, before and after.
+    faults) step health-before 60 python3 -m pipeline runner health --device cuda
+            step faults-gpu 420 python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/test_faults.py
+            step health-after 60 python3 -m pipeline runner health --device cuda ;;
+    # What the device image has for the serving track's H200 run (issue 14).
+    env) step env 60 bash -c 'python3 -V; nvidia-smi -L; python3 -c "import importlib
+for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", \"pydantic\", \"openai\", \"aiohttp\", \"orjson\", \"tokenizers\", \"httpx\", \"tiktoken\", \"jsonschema\", \"rich\", \"accelerate\", \"safetensors\", \"huggingface_hub\", \"kernels\"):
+    try:
+        mod = importlib.import_module(m); print(m, getattr(mod, \"__version__\", \"?\"))
+    except Exception as exc:
+        print(m, \"MISSING\", type(exc).__name__, exc)"; pip list 2>/dev/null | head -300' ;;
+    # Issue 12: each kernel of the fused MoE's time per call at the decode sizes (torch.profiler).
+    moe-breakdown) step moe-breakdown 90 python3 benchmarks/moe_breakdown.py --json "$OUT/moe-breakdown.json" ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     *) echo "unknown step $what" ;;
   esac

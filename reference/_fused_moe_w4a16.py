@@ -63,7 +63,7 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, bm: int):
         total = torch.empty(1, dtype=torch.int32, device=device)
         _align[(1,)](topk_ids, sorted_pairs, block_expert, total, n_pairs, max_padded, max_padded // bm,
                      E=num_experts, BM=bm, NP=max(16, triton.next_power_of_2(n_pairs)),
-                     EB=max(16, triton.next_power_of_2(num_experts)), CHUNK=256, num_warps=4)
+                     EB=max(16, triton.next_power_of_2(num_experts)), CHUNK=64, RC=16, num_warps=8)
         return sorted_pairs, block_expert, total
     return _align_torch(topk_ids, num_experts, bm, max_padded)
 
@@ -122,26 +122,35 @@ if triton is not None:
 
     @triton.jit
     def _align(ids_ptr, pairs_ptr, block_expert_ptr, total_ptr, n_pairs, max_padded, max_blocks,
-               E: tl.constexpr, BM: tl.constexpr, NP: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr):
+               E: tl.constexpr, BM: tl.constexpr, NP: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr,
+               RC: tl.constexpr):
         """One program: counts per expert, padded offsets, each pair's rank among the earlier pairs of its
-        expert (stable, so the order is align_torch's), the sentinel fill, then the scatter."""
+        expert (stable, so the order is align_torch's), the sentinel fill, then the scatter. The pairs are
+        taken RC at a time ([RC, NP] and [RC, EB] tiles): the whole [NP, NP] comparison at once spilled
+        its registers (51 us at 256 pairs on the H200; docs/BENCHMARKS.md)."""
         i = tl.arange(0, NP)
         ids = tl.load(ids_ptr + i, mask=i < n_pairs, other=-1).to(tl.int32)  # lanes past the end: no expert
         e = tl.arange(0, EB)
-        onehot = (ids[None, :] == e[:, None]).to(tl.int32)  # [EB, NP]
-        counts = tl.sum(onehot, 1)
+        counts = tl.zeros([EB], tl.int32)
+        for c in tl.static_range(0, NP, RC):
+            rows = c + tl.arange(0, RC)
+            ids_r = tl.load(ids_ptr + rows, mask=rows < n_pairs, other=-1).to(tl.int32)
+            counts += tl.sum((ids_r[:, None] == e[None, :]).to(tl.int32), 0)
         padded = (counts + BM - 1) // BM * BM
         padded_end = tl.cumsum(padded, 0)
         padded_start = padded_end - padded
         total = tl.sum(padded, 0)
-        same_before = (ids[None, :] == ids[:, None]) & (i[None, :] < i[:, None])  # [NP(i), NP(j)]
-        rank = tl.sum(same_before.to(tl.int32), 1)
-        start_of = tl.sum(tl.where(ids[:, None] == e[None, :], padded_start[None, :], 0), 1)  # [NP]
         for c in range(0, max_padded, CHUNK):
             at = c + tl.arange(0, CHUNK)
             tl.store(pairs_ptr + at, tl.full([CHUNK], 0, tl.int32) + n_pairs, mask=at < max_padded)
         tl.debug_barrier()  # the fill lands before the scatter overwrites it
-        tl.store(pairs_ptr + start_of + rank, i, mask=i < n_pairs)
+        for c in tl.static_range(0, NP, RC):
+            rows = c + tl.arange(0, RC)
+            ids_r = tl.load(ids_ptr + rows, mask=rows < n_pairs, other=-1).to(tl.int32)
+            same_before = (ids[None, :] == ids_r[:, None]) & (i[None, :] < rows[:, None])  # [RC(i), NP(j)]
+            rank = tl.sum(same_before.to(tl.int32), 1)
+            start_of = tl.sum(tl.where(ids_r[:, None] == e[None, :], padded_start[None, :], 0), 1)  # [RC]
+            tl.store(pairs_ptr + start_of + rank, rows, mask=rows < n_pairs)
         for c in range(0, max_blocks, CHUNK):
             blk = c + tl.arange(0, CHUNK)
             ended = (padded_end[None, :] <= (blk * BM)[:, None]) & (e[None, :] < E)  # [CHUNK, EB]

@@ -88,11 +88,14 @@ def written(inputs: dict) -> dict:
     return {"k_cache": mask, "v_cache": mask}
 
 
-def baseline(inputs: dict, experts=None, fused_ops: bool = False) -> torch.Tensor:
+def baseline(inputs: dict, experts=None, fused_ops: bool | None = None) -> torch.Tensor:
     """Production-style composition in bf16 (see _muse_layer.layer_bf16): cuBLAS F.linear GEMMs, the
     Triton split-KV paged decode kernel of muse_attention_decode (batched PyTorch on a CPU), muse_moe_w4a16's
-    baseline experts (the fused MoE on a GPU, moe_torch on a CPU). No host synchronisation: CUDA-graph
-    capturable."""
+    baseline experts (the fused MoE on a GPU, moe_torch on a CPU). On a GPU (fused_ops None: unless
+    `experts` is given) SGLang's small fused kernels between the GEMMs (reference/_layer_ops.py: RMSNorm,
+    RoPE with the cache write, the residual add with the second norm, softmax-top-k) and the residual added
+    in the MoE's last kernel; measured 1.09-1.43x faster than the unfused composition on the H200
+    (docs/BENCHMARKS.md, "Production baselines"). No host synchronisation: CUDA-graph capturable."""
     req, pos = _tokens(inputs)
     scale = layer.dims(inputs)["D"] ** -0.5
 
@@ -102,13 +105,9 @@ def baseline(inputs: dict, experts=None, fused_ops: bool = False) -> torch.Tenso
             return split_kv_decode(*args)
         return torch_decode(*args)
 
+    if fused_ops is None:  # SGLang's small fused kernels between the GEMMs on a GPU (_layer_ops.py)
+        fused_ops = experts is None and inputs["x"].is_cuda and layer.triton is not None
     return layer.layer_bf16(inputs, req, pos, attend, experts=experts, fused_ops=fused_ops)
-
-
-def baseline_fused_ops(inputs: dict) -> torch.Tensor:
-    """The baseline with SGLang's small fused kernels between the GEMMs (_layer_ops.py) and the residual
-    added in the MoE's last kernel: staged until measured on the H200 (issue 12)."""
-    return baseline(inputs, fused_ops=True)
 
 
 def floor(shape) -> dict:

@@ -93,12 +93,13 @@ def written(inputs: dict) -> dict:
     return {"k_cache": mask, "v_cache": mask}
 
 
-def baseline(inputs: dict, experts=None, fused_ops: bool = False) -> torch.Tensor:
+def baseline(inputs: dict, experts=None, fused_ops: bool | None = None) -> torch.Tensor:
     """Production-style composition in bf16 (see _muse_layer.layer_bf16): cuBLAS F.linear GEMMs, a Triton
     paged extend-attention kernel (_muse_layer.extend_attention_triton), muse_moe_w4a16's baseline experts
-    (the fused MoE on a GPU, moe_torch on a CPU). On a GPU no host synchronisation (CUDA-graph capturable);
-    on a CPU the attention is per-request
-    SDPA over the gathered pages (the interpreter would be slow)."""
+    (the fused MoE on a GPU, moe_torch on a CPU). On a GPU (fused_ops None: unless `experts` is given)
+    SGLang's small fused kernels between the GEMMs (reference/_layer_ops.py) and the residual added in the
+    MoE's last kernel, and no host synchronisation (CUDA-graph capturable); on a CPU the composition, with
+    the attention per-request SDPA over the gathered pages (the interpreter would be slow)."""
     scale = layer.dims(inputs)["D"] ** -0.5
     if inputs["x"].is_cuda and layer.triton is not None:
         req, pos = layer.token_index(inputs["cu_seqlens"], inputs["prefix_lens"], inputs["x"].shape[0])
@@ -113,13 +114,9 @@ def baseline(inputs: dict, experts=None, fused_ops: bool = False) -> torch.Tenso
             return layer.extend_attention_bf16(q, k_cache, v_cache, inputs["block_table"], starts, prefix, new,
                                                scale)
 
+    if fused_ops is None:  # SGLang's small fused kernels between the GEMMs on a GPU (_layer_ops.py)
+        fused_ops = experts is None and inputs["x"].is_cuda and layer.triton is not None
     return layer.layer_bf16(inputs, req, pos, attend, experts=experts, fused_ops=fused_ops)
-
-
-def baseline_fused_ops(inputs: dict) -> torch.Tensor:
-    """The baseline with SGLang's small fused kernels between the GEMMs (_layer_ops.py) and the residual
-    added in the MoE's last kernel: staged until measured on the H200 (issue 12)."""
-    return baseline(inputs, fused_ops=True)
 
 
 def floor(shape) -> dict:

@@ -27,6 +27,8 @@ import _muse_layer as layer  # noqa: E402
 DECODE = load_problem("muse_decode_layer")
 PREFILL = load_problem("muse_prefill_layer")
 MODEL = "full" if torch.cuda.is_available() else "smoke"
+# The Triton kernels run on the GPU where there is one (the interpreter is off there), else interpreted on the CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _shape(problem, **params) -> Shape:
@@ -296,7 +298,7 @@ def test_the_layers_with_the_fused_experts_are_right_on_the_smoke_model(name):
     problem = load_problem(name)
     ref_mod = problem.reference
     shape = problem.shapes("smoke", kinds=("workload",))[0]
-    inputs = ref_mod.make_inputs(shape, 3, "cpu")
+    inputs = ref_mod.make_inputs(shape, 3, DEVICE)
     expected = _expected(problem, inputs)
     pristine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     sys.path.insert(0, str(problem.reference_path.parent))
@@ -321,9 +323,9 @@ def test_the_fused_rms_norm_rounds_as_the_composition(residual):
     bf16 step where a sum's order flips a rounding."""
     ops = _ops()
     g = torch.Generator().manual_seed(11)
-    x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
-    r = torch.randn(5, 256, generator=g).to(torch.bfloat16)
-    w = (1 + 0.1 * torch.randn(256, generator=g)).to(torch.bfloat16)
+    x = torch.randn(5, 256, generator=g).to(DEVICE, torch.bfloat16)
+    r = torch.randn(5, 256, generator=g).to(DEVICE, torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(256, generator=g)).to(DEVICE, torch.bfloat16)
     if residual:
         got, h = ops.rms_norm(x, w, 1e-5, residual=r)
         assert torch.equal(h, x + r)
@@ -341,13 +343,13 @@ def test_rope_with_the_cache_write_is_the_composition():
     ops = _ops()
     g = torch.Generator().manual_seed(12)
     Hq, Hkv, D, page = 4, 2, 64, 16
-    pos = torch.tensor([0, 15, 16, 65535, 300], dtype=torch.int32)
-    req = torch.tensor([0, 1, 1, 2, 3])
+    pos = torch.tensor([0, 15, 16, 65535, 300], dtype=torch.int32, device=DEVICE)
+    req = torch.tensor([0, 1, 1, 2, 3], device=DEVICE)
     T = pos.numel()
-    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g).to(torch.bfloat16)
-    block_table = torch.randperm(4 * 4096, generator=g)[: 4 * 4096].view(4, 4096).to(torch.int32)
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g).to(DEVICE, torch.bfloat16)
+    block_table = torch.randperm(4 * 4096, generator=g)[: 4 * 4096].view(4, 4096).to(DEVICE, torch.int32)
     pages = int(block_table.max()) + 1
-    kc = torch.zeros(pages, page, Hkv, D, dtype=torch.bfloat16)
+    kc = torch.zeros(pages, page, Hkv, D, dtype=torch.bfloat16, device=DEVICE)
     vc = torch.zeros_like(kc)
     got_q = ops.rope_and_cache(qkv, pos, req, block_table, kc, vc, 1e6, Hq)
     q, k, v = layer._split_qkv(qkv, Hq, Hkv, D)
@@ -364,7 +366,7 @@ def test_rope_with_the_cache_write_is_the_composition():
 def test_the_fused_routing_picks_the_compositions_experts():
     ops = _ops()
     g = torch.Generator().manual_seed(13)
-    logits = torch.randn(7, 8, generator=g).to(torch.bfloat16)
+    logits = torch.randn(7, 8, generator=g).to(DEVICE, torch.bfloat16)
     ids, w = ops.route(logits, 2)
     want_ids, want_w = layer.route(logits.float(), 2)
     assert torch.equal(ids, want_ids)
@@ -379,10 +381,10 @@ def test_the_layers_with_the_fused_ops_are_right_on_the_smoke_model(name):
 
     problem = load_problem(name)
     shape = problem.shapes("smoke", kinds=("workload",))[0]
-    inputs = problem.reference.make_inputs(shape, 3, "cpu")
+    inputs = problem.reference.make_inputs(shape, 3, DEVICE)
     expected = _expected(problem, inputs)
     pristine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    out = problem.reference.baseline_fused_ops(inputs)
+    out = problem.reference.baseline(inputs, fused_ops=True)
     got = {"output": out, **{k: inputs[k] for k in problem.inplace}}
     verdicts = check_outputs(problem, got, expected, pristine)
     assert all(v["passed"] for v in verdicts.values()), verdicts
