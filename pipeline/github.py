@@ -75,6 +75,15 @@ class TreeEntry:
 
 
 @dataclass(frozen=True)
+class ArtifactFacts:
+    id: int
+    name: str
+    expired: bool
+    size: int
+    download_url: str
+
+
+@dataclass(frozen=True)
 class BenchRun:
     id: int
     title: str
@@ -444,24 +453,28 @@ class GitHub:
 
         return self._call(f"listing the runs of {workflow}", get)
 
+    def run_artifacts(self, run_id: int) -> list[ArtifactFacts]:
+        """The artifacts of workflow run `run_id`, in the order GitHub lists them."""
+        from github.Artifact import Artifact
+        from github.PaginatedList import PaginatedList
+
+        def get() -> list[ArtifactFacts]:
+            url = f"{self.repo.url}/actions/runs/{int(run_id)}/artifacts"
+            return [ArtifactFacts(int(a.id), a.name, bool(a.expired), a.size_in_bytes or 0, a.archive_download_url)
+                    for a in PaginatedList(Artifact, self.repo.requester, url, None, list_item="artifacts")]
+
+        return self._call(f"listing the artifacts of run {run_id}", get)
+
     def artifact(self, run_id: int, name: str, member: str, limit: int) -> bytes:
         """The bytes of file `member` in the artifact `name` of workflow run `run_id`, as data: the zip is
         read in memory, bounded (`limit` for the file, 4x that for the archive), never extracted to disk."""
         import io
         import zipfile
 
-        from github.Artifact import Artifact
-        from github.PaginatedList import PaginatedList
-
-        def find() -> list[tuple[str, bool, str, int]]:
-            url = f"{self.repo.url}/actions/runs/{int(run_id)}/artifacts"
-            return [(a.name, bool(a.expired), a.archive_download_url, a.size_in_bytes or 0)
-                    for a in PaginatedList(Artifact, self.repo.requester, url, None, list_item="artifacts")]
-
-        found = [a for a in self._call(f"listing the artifacts of run {run_id}", find) if a[0] == name]
+        found = [a for a in self.run_artifacts(run_id) if a.name == name]
         if not found:
             raise GitHubError(f"run {run_id} has no artifact {name!r}")
-        _, expired, url, size = found[-1]
+        expired, url, size = found[-1].expired, found[-1].download_url, found[-1].size
         if expired:
             raise GitHubError(f"run {run_id}'s artifact {name!r} has expired (see the repository's artifact retention)")
         if size > 4 * limit:

@@ -1,5 +1,6 @@
 """The verbs of the GitHub flow: `validate` (validate.yml and competitors), `gate` (gate.yml),
-`fetch-submission` (bench.yml), `post-result` (report.yml). Registered in pipeline/cli.py's VERBS.
+`fetch-submission` and `plot-result` (bench.yml), `post-result` (report.yml). Registered in
+pipeline/cli.py's VERBS.
 
 Each workflow step that decides anything is one of these verbs. Untrusted values (file names, titles,
 branch names) reach them only as data: event payload files and API answers, never the command line
@@ -445,6 +446,26 @@ def _would_be_rank(doc: dict) -> str | None:
         return None
 
 
+# the bench run's artifact that holds a serving result's plot (bench.yml's sign job uploads it)
+PLOT_ARTIFACT = "serving-plot"
+
+
+def _plot_link(gh, run: dict) -> str | None:
+    """The page of the bench run's serving-plot artifact, for the comment to link (GitHub cannot show an
+    artifact inline, and the report job has nowhere to host an image); None where there is none."""
+    run_id, page = run.get("id"), run.get("html_url")
+    if not isinstance(run_id, int) or not page or not _safe_url(page):
+        return None
+    from pipeline.github import GitHubError
+
+    try:
+        found = [a for a in gh.run_artifacts(run_id) if a.name == PLOT_ARTIFACT and not a.expired]
+    except GitHubError as exc:  # the link is a courtesy; the verdict must still be posted
+        print(f"note: no plot link ({exc})", file=sys.stderr)
+        return None
+    return f"{page.rstrip('/')}/artifacts/{found[-1].id}" if found else None
+
+
 @_run
 def post_result(args: argparse.Namespace) -> int:
     """report.yml: verify a bench run's result.json and post it as the sticky comment and check run.
@@ -504,16 +525,56 @@ def post_result(args: argparse.Namespace) -> int:
     if sub["login"] is not None and sub["login"].lower() != pull.author.lower():
         return _error(REFUSED, f"the result is for @{sub['login']}, but #{pull.number} is by @{pull.author}")
     standing = _would_be_rank(doc)
-    body = report.comment_markdown(doc, log_url=log_url, rank=standing)
+    plot = _plot_link(gh, run) if doc.get("serving") else None
+    body = report.comment_markdown(doc, log_url=log_url, rank=standing, plot_artifact_url=plot)
     comment_id, created = gh.upsert_comment(pull.number, body)
     title = f"{doc['problem']}: {report.VERDICT[doc['status']]}"
     if doc.get("score"):
         title += f", {doc['score']['speedup']:.3f}x"
     check_id, _ = gh.upsert_check_run(head, conclusion=CONCLUSIONS[doc["status"]], title=title,
-                                      summary=report.comment_markdown(doc, log_url=log_url, limit=65_535),
+                                      summary=report.comment_markdown(doc, log_url=log_url, limit=65_535,
+                                                                      plot_artifact_url=plot),
                                       details_url=log_url)
     print(f"{'posted' if created else 'updated'} comment {comment_id} on #{pull.number} and check run {check_id}: "
           f"{title}")
+    return OK
+
+
+# ---- plot-result ----
+
+def _plot_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("result", type=Path, help="a serving result.json (read as data)")
+    p.add_argument("--out", type=Path, required=True, metavar="PNG", help="where to write the plot")
+
+
+@_run
+def plot_result(args: argparse.Namespace) -> int:
+    """bench.yml: a serving result's throughput per GPU against interactivity, as a PNG beside it.
+
+    The result is read as data and validated first. A serving result without levels (a patch the gate
+    refused, a server that never came up) has no plot: nothing is written, exit 0. Exit 1 for a file that
+    is not a serving result, 2 for a folder that does not exist.
+    """
+    from pipeline import report, result
+
+    try:
+        _, doc = result.read_data(args.result)
+    except result.ResultError as exc:
+        return _error(REFUSED, str(exc))
+    if doc["track"] != "serving":
+        return _error(REFUSED, f"{args.result} is a {doc['track']} result; only a serving result has this plot")
+    if not args.out.parent.is_dir():
+        return _error(USAGE, f"--out {args.out}: the folder {args.out.parent} does not exist")
+    data = report.serving_plot(doc)
+    if data is None:
+        print(f"no plot: {args.result} has no measured level ({doc['status']})")
+        return OK
+    tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out} ({len(data):,} bytes)")
     return OK
 
 
@@ -522,4 +583,5 @@ VERBS = {
     "gate": (_gate_args, gate),
     "fetch-submission": (_fetch_args, fetch_submission),
     "post-result": (_post_args, post_result),
+    "plot-result": (_plot_args, plot_result),
 }

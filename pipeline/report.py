@@ -175,9 +175,12 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def comment_markdown(doc: dict[str, Any], *, rank: str | None = None, log_url: str | None = None,
-                     limit: int = GITHUB_LIMIT, plot_url: str | None = None) -> str:
-    """The sticky PR comment for a result, always within `limit` characters. `plot_url`: where a serving
-    result's plot (serving_plot) was uploaded, an https URL; without one the comment names the file."""
+                     limit: int = GITHUB_LIMIT, plot_url: str | None = None,
+                     plot_artifact_url: str | None = None) -> str:
+    """The sticky PR comment for a result, always within `limit` characters. A serving result's plot is
+    drawn in the comment as text (`text_plot`); `plot_url`: where its PNG (serving_plot) is hosted, an https
+    URL, shown as an image; else `plot_artifact_url`: the bench run's artifact page holding the PNG,
+    linked; without either the comment names the file."""
     sub = doc["submission"]
     head = [
         MARKER,
@@ -193,7 +196,7 @@ def comment_markdown(doc: dict[str, Any], *, rank: str | None = None, log_url: s
     ]
     perf: list[str] = []
     if doc.get("serving"):
-        perf = serving_markdown(doc, rank=rank, plot_url=plot_url, log_url=log_url)
+        perf = serving_markdown(doc, rank=rank, plot_url=plot_url, log_url=log_url, plot_artifact_url=plot_artifact_url)
     elif doc["performance"]:
         perf += [_table(PERFORMANCE_HEADERS, performance_rows(doc)), ""]
         perf += [x + "  " for x in (score_line(doc), timing_note(doc)) if x]
@@ -409,7 +412,7 @@ def serving_terminal(doc: dict[str, Any]) -> list[str]:
 
 
 def serving_markdown(doc: dict[str, Any], *, rank: str | None = None, plot_url: str | None = None,
-                     log_url: str | None = None) -> list[str]:
+                     log_url: str | None = None, plot_artifact_url: str | None = None) -> list[str]:
     """The serving part of the PR comment (lines)."""
     s = doc["serving"]
     pg = s["patch_gate"]
@@ -435,8 +438,15 @@ def serving_markdown(doc: dict[str, Any], *, rank: str | None = None, plot_url: 
         # gate_lines is made of our own words and of numbers through _num alone; the reasons are the server's
         out += [f"**{gate[0][0].upper()}{gate[0][1:]}**", ""] + [f"- {x}" for x in gate[1:]]
         out += [f"  - {md_escape(where)}: {md_escape(why, 300)}" for where, why in _level_reasons(doc)] + [""]
+    drawn = text_plot(doc)
+    if drawn:
+        out += ["Throughput per GPU against interactivity (B: baseline, C: candidate; the number is c):", "",
+                code_block(drawn), ""]
     if plot_url and _SAFE_URL.match(plot_url):
         out += [f"![{PLOT_ALT}]({plot_url})", ""]
+    elif plot_artifact_url and _SAFE_URL.match(plot_artifact_url):
+        out += [f"The plot as a PNG: [`{PLOT_NAME}`]({plot_artifact_url}) (the bench run's artifact "
+                "`serving-plot`, a zip).", ""]
     else:
         out += [f"The plot of throughput per GPU against interactivity is `{PLOT_NAME}` in the run's artifacts"
                 + (f" ([run log]({log_url}))." if log_url and _SAFE_URL.match(log_url) else "."), ""]
@@ -456,6 +466,34 @@ def plot_series(doc: dict[str, Any]) -> dict[str, list[tuple[int, float, float]]
             if all(isinstance(x, (int, float)) and math.isfinite(x) and 0 <= x <= 1e7 for x in (T, I)):
                 out[side].append((int(lv["concurrency"]), float(I), float(T)))
     return out
+
+
+def text_plot(doc: dict[str, Any], width: int = 56, height: int = 14) -> str | None:
+    """The plot as text, for the comment itself (GitHub shows no image it cannot fetch): T_c up, I_c
+    across, each point its side's letter and c ("B16", "C16"), on axes from 0. Made of our own letters
+    and of numbers alone; None when no point has both figures."""
+    series = plot_series(doc)
+    points = [(side[0].upper(), c, x, y) for side, pts in series.items() for c, x, y in pts]
+    if not points:
+        return None
+    xmax = max(p[2] for p in points) * 1.08 or 1.0
+    ymax = max(p[3] for p in points) * 1.08 or 1.0
+    grid = [[" "] * width for _ in range(height)]
+    for mark, c, x, y in sorted(points, key=lambda p: (p[0] != "B", p[1])):  # the candidate drawn last, on top
+        label = f"{mark}{c}"
+        col = min(width - len(label), int(round(x / xmax * (width - 1))))
+        row = height - 1 - min(height - 1, int(round(y / ymax * (height - 1))))
+        grid[row][col:col + len(label)] = list(label)
+    top, left = f"{ymax:,.0f}", 7
+    lines = ["T_c (tokens/s/GPU)"]
+    for r, cells in enumerate(grid):
+        tick = top if r == 0 else "0" if r == height - 1 else ""
+        lines.append(f"{tick:>{left}} |" + "".join(cells).rstrip())
+    lines.append(" " * left + " +" + "-" * width)
+    right = f"{xmax:,.0f}"
+    lines.append(" " * (left + 1) + "0" + " " * (width - len(right)) + right)
+    lines.append(" " * (left + 1) + "I_c: P10 of the per-turn user rate (tokens/s)")
+    return "\n".join(lines)
 
 
 def png_bytes(fig: Any, digest: str) -> bytes:

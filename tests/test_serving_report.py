@@ -197,3 +197,75 @@ def test_post_result_posts_a_signed_serving_result_and_refuses_a_malformed_one(f
     err = capsys.readouterr().err
     assert "serving/levels/1/candidate/T: not a finite number" in err
     assert fake.log == []  # refused before GitHub is asked
+
+
+def test_the_comment_draws_the_plot_as_text_each_point_where_its_figures_put_it():
+    doc = load("passed.json")
+    drawn = report.text_plot(doc)
+    md = report.comment_markdown(doc)
+    assert f"```text\n{drawn}\n```" in md and "B: baseline, C: candidate; the number is c" in md
+    rows = drawn.splitlines()
+    where = {m: (r, line.index(m)) for r, line in enumerate(rows) for m in ("B1", "C1", "B4", "B16", "C16", "B32", "C32")
+             if f"{m} " in line + " "}
+    assert set(where) == {"B1", "C1", "B4", "B16", "C16", "B32", "C32"}, drawn  # C4 shares B4's row, after it
+    # up is throughput, right is interactivity: c = 32 the highest and leftmost, the candidate above its baseline
+    assert where["C32"][0] < where["B32"][0] < where["C16"][0] <= where["B16"][0] < where["B4"][0] <= where["B1"][0]
+    assert where["B32"][1] < where["B16"][1] < where["B4"][1] < where["B1"][1] < where["C1"][1]
+    assert rows[1].strip().startswith(f"{max(lv['candidate']['T'] for lv in doc['serving']['levels']) * 1.08:,.0f}")
+    # a figure that moves moves its point; no figure, no plot
+    faster = copy.deepcopy(doc)
+    faster["serving"]["levels"][0]["candidate"]["T"] = 300.0
+    assert report.text_plot(faster) != drawn
+    empty = copy.deepcopy(doc)
+    empty["serving"]["levels"] = []
+    assert report.text_plot(empty) is None and "```text" not in report.comment_markdown(empty)
+
+
+def test_post_result_links_the_plot_the_sign_job_uploaded(fake, tmp_path, key_file):
+    """bench.yml's sign job uploads `serving-plot` beside the signed result; the comment links that
+    artifact's page (an expired one, or none, leaves the sentence that names the file)."""
+    from pipeline.github_cli import PLOT_ARTIFACT
+
+    open_pr(fake)
+    doc = sf.serving_result(login="bob", pr=7, head_sha=HEAD, t=1.21, i=1.08)
+    png = report.serving_plot(doc)
+    old = fake.add_artifact(9100, PLOT_ARTIFACT, {report.PLOT_NAME: png}, expired=True)
+    fake.add_artifact(9100, "result", {"result.json": json.dumps(doc).encode()})
+    assert post(write_result(tmp_path, doc)) == 0
+    body = fake.comments[7][0]["body"]
+    assert f"`{report.PLOT_NAME}` in the run's artifacts" in body and f"/artifacts/{old['id']}" not in body
+    plot = fake.add_artifact(9100, PLOT_ARTIFACT, {report.PLOT_NAME: png})
+    assert post(write_result(tmp_path, doc)) == 0
+    body = fake.comments[7][0]["body"]
+    link = f"https://github.com/muse-competition/pipeline/actions/runs/9100/artifacts/{plot['id']}"
+    assert f"The plot as a PNG: [`{report.PLOT_NAME}`]({link})" in body and "```text\nT_c (tokens/s/GPU)" in body
+    assert f"GET {R}/actions/runs/9100/artifacts?per_page=100" in fake.requests()
+    assert link in fake.check_runs[0]["output"]["summary"]
+
+
+def test_plot_result_writes_the_png_of_a_serving_result_only(tmp_path, capsys):
+    from ledger_factory import raw, result_doc
+    from pipeline.__main__ import main
+
+    doc = load("passed.json")
+    src, out = tmp_path / "result.json", tmp_path / "plot" / report.PLOT_NAME
+    src.write_text(json.dumps(doc))
+    assert main(["plot-result", str(src), "--out", str(out)]) == 2, "its folder must exist"
+    out.parent.mkdir()
+    assert main(["plot-result", str(src), "--out", str(out)]) == 0
+    assert out.read_bytes() == report.serving_plot(doc)
+    unlaunched = copy.deepcopy(doc)  # a patch the gate refused: never launched, no levels
+    unlaunched.update(status="rejected", score=None, performance=[], error={
+        "message": "the patch gate refused the patch", "shape": None, "where": None, "log_tail": ""})
+    unlaunched["serving"].update(levels=[], score=None, gate=None, patch_gate={**doc["serving"]["patch_gate"],
+                                                                                "accepted": False})
+    result.validate(unlaunched)
+    out.unlink()
+    src.write_text(json.dumps(unlaunched))
+    assert main(["plot-result", str(src), "--out", str(out)]) == 0 and not out.exists()
+    assert "no plot" in capsys.readouterr().out
+    src.write_bytes(raw(result_doc()))
+    assert main(["plot-result", str(src), "--out", str(out)]) == 1 and not out.exists()
+    assert "only a serving result has this plot" in capsys.readouterr().err
+    src.write_text(json.dumps({**doc, "status": "great"}))
+    assert main(["plot-result", str(src), "--out", str(out)]) == 1
