@@ -26,9 +26,18 @@ Gate G = 1 only if all hold, else 0:
 - (b) GSM8K 5-shot accuracy through the chat endpoint after the perf runs >= the baseline's - 1.7 points.
 - (c) no candidate level invalid (metrics.validity).
 
-GSM8K's answers end with `#### <number>`; a model's reply is read for its last number, commas and a
-dollar sign stripped (`$1,234.50` -> 1234.50), compared as decimals (18 == 18.00). A minus sign counts
-only where it is not a hyphen between word characters ("pages 3-4" ends with 4, not -4).
+GSM8K's answers end with `#### <number>`; a model's reply is read for its answer:
+- First the reply is cut where the model starts a question of its own (a line beginning `Question:`, the
+  shots' user format): a model that imitates the transcript instead of ending its turn (or whose end of
+  turn is suppressed, pipeline/serving/engine.py) writes a next question and its numbers, and those are
+  not its answer.
+- In what is left, the number after the first `####` (the shots' answer format, the one the model
+  committed to); without one, the last number.
+- A number: digits with an optional decimal part, or a leading-dot decimal (`.5` is 0.5, never 5); a comma
+  only as a thousands separator between groups of three digits ("1,234" is 1234, "1,2,3" ends with 3,
+  not 123); a dollar sign stripped (`$1,234.50` -> 1234.50); compared as decimals (18 == 18.00). A minus
+  sign (ASCII or U+2212) counts only where it is not a hyphen between word characters ("pages 3-4" ends
+  with 4, not -4), and a number glued to a word ("v2") is none.
 """
 
 from __future__ import annotations
@@ -165,12 +174,17 @@ def canary_agreement(reference: dict[tuple[str, int], list[int]],
     return sum(common_prefix_fraction(reference[k], other[k]) for k in keys) / len(keys), len(keys)
 
 
-_NUMBER = re.compile(r"(?<!\w)(-)?\$?(-)?(\d[\d,]*(?:\.\d+)?)")
+# No number starts inside a word or right after a decimal point ("v2", "v1.5" hold none); thousands groups
+# of exactly three digits, so "1,2,3" is three numbers, not 123.
+_NUMBER = re.compile(r"(?<![\w.])([-\u2212])?\$?([-\u2212])?"
+                     r"((?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)")
+_OWN_QUESTION = re.compile(r"\n[ \t]*Question:")
+_MARKER = "####"
 
 
 def normalize_number(text: str) -> Decimal | None:
     """A number as GSM8K writes it (commas, a $, a sign), as a Decimal; None when it is not one."""
-    cleaned = text.replace(",", "").replace("$", "").strip()
+    cleaned = text.replace(",", "").replace("$", "").replace("\u2212", "-").strip()
     try:
         value = Decimal(cleaned)
     except InvalidOperation:
@@ -187,15 +201,30 @@ def reference_answer(answer: str) -> Decimal:
     return value
 
 
+def answer_text(reply: str) -> str:
+    """The reply up to where the model starts a `Question:` of its own (the whole reply when it does not)."""
+    m = _OWN_QUESTION.search(reply)
+    return reply[:m.start()] if m else reply
+
+
+def _value(m: re.Match) -> Decimal | None:
+    sign = "-" if (m.group(1) or m.group(2)) else ""
+    return normalize_number(sign + m.group(3))
+
+
 def extract_answer(reply: str) -> Decimal | None:
-    """The last number of a model's reply (commas and $ stripped); None when it has none."""
+    """The model's answer: the first number after its first `####`, else its last number, in
+    answer_text(reply); None when it has none."""
+    text = answer_text(reply)
+    _, marker, after = text.partition(_MARKER)
+    if marker:
+        m = _NUMBER.search(after)
+        if m is not None:
+            return _value(m)
     found = None
-    for m in _NUMBER.finditer(reply):
-        found = m
-    if found is None:
-        return None
-    sign = "-" if (found.group(1) or found.group(2)) else ""
-    return normalize_number(sign + found.group(3))
+    for found in _NUMBER.finditer(text):
+        pass
+    return None if found is None else _value(found)
 
 
 def gsm8k_correct(reply: str, answer: str) -> bool:
