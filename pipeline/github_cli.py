@@ -1,6 +1,6 @@
 """The verbs of the GitHub flow: `validate` (validate.yml and competitors), `gate` (gate.yml),
-`fetch-submission` and `plot-result` (bench.yml), `post-result` (report.yml). Registered in
-pipeline/cli.py's VERBS.
+`fetch-submission` and `plot-result` (bench.yml), `post-result` (report.yml), and `show-result` (an
+organizer reading a result by hand). Registered in pipeline/cli.py's VERBS.
 
 Each workflow step that decides anything is one of these verbs. Untrusted values (file names, titles,
 branch names) reach them only as data: event payload files and API answers, never the command line
@@ -578,10 +578,38 @@ def plot_result(args: argparse.Namespace) -> int:
     return OK
 
 
+# ---- show-result ----
+
+def _show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("result", type=Path, help="a result.json (read as data)")
+    p.add_argument("--markdown", type=Path, metavar="OUT", help="also write the PR comment post-result would post")
+
+
+@_run
+def show_result(args: argparse.Namespace) -> int:
+    """Print a result as the evaluator's terminal table (a serving result: its per-concurrency table, gate and S).
+
+    The result is read as data and validated; it need not be signed (an organizer reads a hand-run
+    evaluation with it). --markdown writes the sticky comment the PR would get. Exit 1 for a file that is
+    not a valid result.
+    """
+    from pipeline import report, result
+
+    try:
+        _, doc = result.read_data(args.result)
+    except result.ResultError as exc:
+        return _error(REFUSED, str(exc))
+    print(report.terminal(doc))
+    if args.markdown:
+        args.markdown.write_text(report.comment_markdown(doc))
+    return OK
+
+
 VERBS = {
     "validate": (_validate_args, validate),
     "gate": (_gate_args, gate),
     "fetch-submission": (_fetch_args, fetch_submission),
     "post-result": (_post_args, post_result),
     "plot-result": (_plot_args, plot_result),
+    "show-result": (_show_args, show_result),
 }

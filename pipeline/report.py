@@ -425,6 +425,11 @@ def serving_markdown(doc: dict[str, Any], *, rank: str | None = None, plot_url: 
     line = serving_score_line(doc)
     if line:
         out += [f"**Score {line}**  " if s["score"]["G"] == 1 else f"**Score {line}**: not ranked  "]
+        if s["score"]["G"] != 1:
+            # as a kernel that fails its check: merging the PR records nothing (pipeline/ledger.py)
+            out.append("The correctness gate failed, so S = 0: this result is never recorded in the ledger nor ranked "
+                       "on the serving board, even if the pull request is merged. What failed is below; fix it and "
+                       "push again for a new evaluation.  ")
     if rank:
         out.append(f"Would-be rank on the current board: {md_escape(rank)}  ")
     note = timing_note(doc)

@@ -58,6 +58,7 @@ def test_a_gated_comment_says_which_part_failed_and_why():
     md = report.comment_markdown(load("gated.json"))
     assert "### serving: INCORRECT" in md and "**Correctness gate: G = 0**" in md
     assert "S = 0.000 (G = 0; 1.600 before the gate" in md and "not ranked" in md
+    assert "never recorded in the ledger nor ranked on the serving board, even if the pull request is merged" in md
     assert "needs 97.50%): FAILED" in md and "- invalid levels: c = 32: FAILED" in md
     assert rows_of(md)[4][-1] == "INVALID" and rows_of(md)[4][-2] == "9"
     assert "c = 32, candidate: run 1:\u200b 9 of 410 turns failed" in md
@@ -269,3 +270,18 @@ def test_plot_result_writes_the_png_of_a_serving_result_only(tmp_path, capsys):
     assert "only a serving result has this plot" in capsys.readouterr().err
     src.write_text(json.dumps({**doc, "status": "great"}))
     assert main(["plot-result", str(src), "--out", str(out)]) == 1
+
+
+def test_show_result_prints_what_the_evaluator_and_the_pr_would_show(tmp_path, capsys):
+    """An organizer reads a hand-run (unsigned) serving result: the terminal table, and the PR's comment."""
+    from pipeline.__main__ import main
+
+    doc = sf.serving_result(sign=False, login="bob", pr=7)
+    src, md = tmp_path / "result.json", tmp_path / "comment.md"
+    src.write_text(json.dumps(doc))
+    assert main(["show-result", str(src), "--markdown", str(md)]) == 0
+    assert capsys.readouterr().out.strip() == report.terminal(doc)
+    assert md.read_text() == report.comment_markdown(doc)
+    src.write_text(json.dumps({**doc, "track": "kernel"}))
+    assert main(["show-result", str(src)]) == 1
+    assert "does not match result.schema.json" in capsys.readouterr().err
