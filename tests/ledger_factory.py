@@ -60,8 +60,14 @@ def result_doc(
     workloads: list[str] | None = None,
 ) -> dict[str, Any]:
     """A result as the evaluator writes it: every workload at `speedup` (so the geometric mean is
-    `speedup`), medians known to +-`rel`, baselines at 100 us."""
-    names = workloads if workloads is not None else (WORKLOADS[problem] if track == "kernel" else ["c1", "c4"])
+    `speedup`), medians known to +-`rel`, baselines at 100 us. track="serving": a real serving result
+    (pipeline/result.py's serving_document, its `serving` section whole) whose candidate runs at `speedup`
+    times the baseline's T_c and I_c at every level, so S = `speedup` (above 1 - eps), its interval +-`rel`;
+    `problem` and `workloads` are the kernel track's and ignored."""
+    if track == "serving":
+        return _serving_doc(speedup=speedup, rel=rel, login=login, pr=pr, head_sha=head_sha, official=official,
+                            status=status, flags=flags)
+    names = workloads if workloads is not None else WORKLOADS[problem]
     perf = []
     for w in names:
         base, sub = 100.0, 100.0 / speedup
@@ -107,6 +113,36 @@ def result_doc(
         "signature": None,
     }
     validate(doc)
+    return signing.sign(doc, TEST_KEY) if official else doc
+
+
+def _serving_doc(*, speedup: float, rel: float, login: str, pr: int, head_sha: str | None, official: bool,
+                 status: str, flags: tuple[str, ...]) -> dict[str, Any]:
+    """result_doc's serving result, through tests/fixtures/serving_results/factory.py: the baseline's two
+    blocks 2 * rel apart (its spread `rel`, so the interval is S / (1 + rel) .. S * (1 + rel)); status
+    needs_review holds it for review, incorrect fails the canaries (G = 0), anything else is written as
+    serving_failure_document writes it."""
+    from fixtures.serving_results import factory as sf
+    from pipeline.result import serving_failure_document
+
+    flagged = tuple({"code": f, "message": f"{f} flagged", "line": None} for f in flags)
+    if status in ("passed", "needs_review", "incorrect"):
+        doc = sf.serving_result(t=speedup, login=login, pr=pr, head_sha=head_sha, official=official, noise=2 * rel,
+                                flags=flagged, needs_review=status == "needs_review", sign=False,
+                                canary=(0.5, 0.995) if status == "incorrect" else (0.991, 0.995))
+    else:
+        head = head_sha or sha(f"head-{pr}")
+        doc = serving_failure_document(
+            status=status, message=f"the candidate's server: {status}",
+            submission={"path": f"submissions/serving/{login}/patch.diff", "blob_sha": sha(f"blob-{pr}-{login}"),
+                        "login": login if official else None, "pr": pr if official else None,
+                        "head_sha": head if official else None},
+            patch_gate={**sf.PATCH_GATE, "accepted": status != "rejected",
+                        "reasons": [] if status != "rejected" else [{"rule": "denied-path", "file": "x", "line": 1,
+                                                                     "message": "denied"}]},
+            engine=dict(sf.ENGINE), dataset=dict(sf.DATASET), official=official, mode=dict(sf.MODE),
+            environment=dict(sf.ENV), started_at="2026-11-05T09:00:00.000Z", finished_at="2026-11-05T09:30:00.000Z",
+            flags=list(flagged))
     return signing.sign(doc, TEST_KEY) if official else doc
 
 

@@ -215,6 +215,22 @@ def test_a_serving_section_on_a_kernel_result_is_refused():
         result.validate(doc)
 
 
+def test_a_serving_result_without_its_serving_section_is_refused():
+    """Every serving result carries its section (a rejected or failed one too, with no levels): without it
+    nothing would hold its problem, its figures or its S to the serving rules, and the ledger would record
+    a bare score. The stand-ins the ledger and board tests use are real serving results for this reason."""
+    from ledger_factory import result_doc
+
+    for doc in (sf.serving_result(sign=False), result_doc(track="serving", official=False),
+                result_doc(track="serving", status="rejected", official=False)):
+        result.validate(doc)
+        bare = {k: v for k, v in doc.items() if k != "serving"}
+        with pytest.raises(result.ResultError, match="'serving' is a required property"):
+            result.validate(bare)
+    passed = result_doc(track="serving", speedup=1.3, official=False)
+    assert passed["score"]["speedup"] == pytest.approx(1.3) and passed["serving"]["score"]["S"] == pytest.approx(1.3)
+
+
 def test_reading_a_serving_result_across_the_trust_boundary(tmp_path):
     good = tmp_path / "result.json"
     good.write_bytes((FIX / "passed.json").read_bytes())
