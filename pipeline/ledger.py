@@ -289,6 +289,15 @@ def result_record(
             if sorted(timed) != sorted(expected):
                 raise LedgerRefusal(f"{source} timed workloads {timed} but {doc['problem']} has {expected}: a partial "
                                     "run (--shape) cannot be ranked; evaluate every workload")
+    if doc["track"] == "serving":
+        from pipeline.serving.score import LEVELS, METRICS
+
+        figures = sorted(p["workload"] for p in doc["performance"])
+        expected = sorted(f"{m}_{c}" for c in LEVELS for m in METRICS)
+        if figures != expected:
+            raise LedgerRefusal(f"{source} measured {', '.join(figures)}, but the serving board ranks "
+                                f"{', '.join(expected)}: a partial run (--levels) cannot be ranked; evaluate every "
+                                "level")
     score = {k: doc["score"][k] for k in ("speedup", "time_us", "interval") if k in doc["score"]}
     env = doc["environment"]
     return {

@@ -552,3 +552,30 @@ def test_every_anchored_check_refuses_a_trailing_newline():
     for pattern, good in ((ledger.LOGIN_RE, "alice"), (ledger.SHA1_RE, sha("x")), (validate.LOGIN_RE, "alice"),
                           (github_cli.SHA_RE, sha("x")), (publish.SHA_RE, sha("x")), (problems._NAME_RE, "muse_moe")):
         assert pattern.match(good) and not pattern.match(good + "\n"), pattern.pattern
+
+
+# ---- serving results ----
+
+def test_a_serving_result_is_recorded_with_its_figures_and_a_partial_one_is_refused(tmp_path):
+    """The serving board ranks S over the figures T_c and I_c at c = 1, 4, 16 and 32: a serving result is
+    recorded with all eight (each its ratio to the baseline's), and an unofficial run of fewer levels
+    (--levels 1,4) is refused as a kernel run of fewer workloads is. A gated one (G = 0) is never recorded."""
+    from fixtures.serving_results import factory as sf
+
+    write_competition(tmp_path)
+    record = put(tmp_path, result_doc(track="serving", speedup=1.25, pr=3), pr=3, at="2026-10-24T10:00:00Z")
+    assert (record["track"], record["problem"], record["path"]) == ("serving", "serving",
+                                                                    "submissions/serving/alice/patch.diff")
+    assert sorted(w["workload"] for w in record["workloads"]) == sorted(
+        f"{m}_{c}" for c in (1, 4, 16, 32) for m in "TI")
+    assert record["score"]["speedup"] == pytest.approx(1.25)
+    assert all(w["speedup"] == pytest.approx(1.25) for w in record["workloads"])
+    partial = sf.serving_result(t=1.25, official=False, levels=(1, 4), login="alice", pr=4)
+    with pytest.raises(lg.LedgerRefusal, match=r"measured I_1, I_4, T_1, T_4, but the serving board ranks .*a "
+                                                r"partial run \(--levels\) cannot be ranked"):
+        body(partial, pr=4)
+    gated = result_doc(track="serving", status="incorrect", pr=5)
+    assert gated["serving"]["gate"]["G"] == 0
+    with pytest.raises(lg.LedgerRefusal, match="status 'incorrect'"):
+        body(gated, pr=5)
+    assert [r["pr"] for r in lg.verify(tmp_path)] == [3]
