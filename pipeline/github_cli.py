@@ -529,8 +529,8 @@ def post_result(args: argparse.Namespace) -> int:
     body = report.comment_markdown(doc, log_url=log_url, rank=standing, plot_artifact_url=plot)
     comment_id, created = gh.upsert_comment(pull.number, body)
     title = f"{doc['problem']}: {report.VERDICT[doc['status']]}"
-    if doc.get("score"):
-        title += f", {doc['score']['speedup']:.3f}x"
+    if doc.get("score"):  # a serving score is S, shown without an x as on its board
+        title += (f", S = {doc['score']['speedup']:.3f}" if doc.get("serving") else f", {doc['score']['speedup']:.3f}x")
     check_id, _ = gh.upsert_check_run(head, conclusion=CONCLUSIONS[doc["status"]], title=title,
                                       summary=report.comment_markdown(doc, log_url=log_url, limit=65_535,
                                                                       plot_artifact_url=plot),

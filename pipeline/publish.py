@@ -429,13 +429,15 @@ def find_evaluated(gh, args: argparse.Namespace, recorded: set[tuple[int, str]],
             doc = signing.loads(data)
             signing.verify(doc, keyring)
             status = doc.get("status")
+            gated = status == "incorrect" and doc.get("track") == "serving"
         except (ValueError, UnicodeDecodeError, AttributeError, signing.SignatureError) as exc:
             errors.append(f"#{p.number}: the result of bench run {run.id} does not verify ({exc}): an artifact "
                           "that is not the signer's; investigate before anything else")
             continue
         if status not in RECORDED_STATUSES:
-            problems.append(f"#{p.number} was merged although its evaluation (bench run {run.id}) says {status!r}: "
-                            "nothing to record")
+            problems.append(f"#{p.number} was merged although its evaluation (bench run {run.id}) says {status!r}"
+                            + (": its correctness gate failed (G = 0, so S = 0), and a gated serving result is never "
+                               "recorded or ranked" if gated else ": nothing to record"))
             continue
         path = folder / f"pr-{p.number}-{p.head_sha[:12]}-run-{run.id}.json"
         path.write_bytes(data)

@@ -12,7 +12,7 @@ import pytest
 from pipeline import signing
 from pipeline.__main__ import main
 from github_fake import FakeGitHub, blob_sha, fake_sha
-from ledger_factory import FOREIGN_KEY, TEST_KEY, resign, result_doc, write_keyring
+from ledger_factory import FOREIGN_KEY, TEST_KEY, resign, result_doc, write_keyring, write_private_key
 
 EVENTS = Path(__file__).resolve().parent / "fixtures" / "events"
 R = "/repos/muse-competition/pipeline"
@@ -433,3 +433,174 @@ def test_find_result_reads_merged_at_and_the_bench_runs_over_http(fake, tmp_path
     assert facts == {"pr": "7", "login": "bob", "head_sha": HEAD, "merged_at": "2026-10-23T09:15:02Z",
                      "run_id": str(run["id"])}
     assert fake.requests()[0] == f"GET {R}/pulls/7"
+
+
+# ---- a serving PR, through every verb (the same as a kernel PR's) ----
+
+SERVING_PATH = "submissions/serving/bob/patch.diff"
+
+
+def serving_patch() -> bytes:
+    """The real, valid patch inside tests/fixtures/serving/valid_serving_pr.diff (a PR adding it): what bob's
+    serving PR adds. tests/serving/test_gate.py keeps that fixture current with the pinned tree."""
+    pr_diff = (EVENTS.parent / "serving" / "valid_serving_pr.diff").read_bytes().split(b"\n")
+    start = next(i for i, line in enumerate(pr_diff) if line.startswith(b"@@ "))
+    return b"\n".join(line[1:] for line in pr_diff[start + 1:] if line.startswith(b"+")) + b"\n"
+
+
+PATCH = serving_patch()
+SERVING_HEAD = event("pull_request_target.labeled.serving.json")["pull_request"]["head"]["sha"]
+
+
+def open_serving_pr(fake: FakeGitHub, patch: bytes = PATCH) -> dict:
+    fake.add_commit({SERVING_PATH: ("100644", patch)}, sha=SERVING_HEAD)
+    return fake.add_pull(8, "bob", SERVING_HEAD, [{"filename": SERVING_PATH, "status": "added"}], labels=("run-eval",))
+
+
+def test_the_serving_fixture_payloads_are_what_the_tests_assume():
+    d = event("workflow_dispatch.bench.serving.json")["inputs"]
+    assert (d["track"], d["problem"], d["path"]) == ("serving", "", SERVING_PATH)
+    assert d["blob_sha"] == blob_sha(PATCH) and d["head_sha"] == SERVING_HEAD
+    assert f"index 0000000000000000000000000000000000000000..{blob_sha(PATCH)}".encode() in (
+        EVENTS.parent / "serving" / "valid_serving_pr.diff").read_bytes()
+    run = event("workflow_run.bench_serving_completed.json")["workflow_run"]
+    assert run["display_title"] == f"bench #8 @bob {SERVING_HEAD}" and run["id"] == 9200
+    assert "$(curl" in event("pull_request_target.labeled.serving.json")["pull_request"]["title"]
+
+
+@pytest.fixture
+def _plain_git(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path_factory.mktemp("gitconfig") / "none"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for who in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{who}_NAME", "test")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "test@example.invalid")
+    monkeypatch.delenv("PIPELINE_PUSH_TOKEN", raising=False)
+
+
+def test_a_serving_pr_from_the_label_to_the_board(fake, tmp_path, key_file, _plain_git, capsys):
+    """gate (the patch gated against the pinned SGLang, bench dispatched as track serving) -> fetch-submission
+    (the patch's exact blob) -> the serving job's result, as `serving evaluate` writes it, for that blob ->
+    sign (bound to the dispatch: problem serving) -> post-result (the per-concurrency table, the plot) ->
+    merge -> publish reconcile (the ledger records it, the serving board ranks it)."""
+    from fixtures.serving_results import factory as sf
+    from ledger_factory import bare_origin, clone, git
+    from pipeline import ledger as lg, report
+
+    open_serving_pr(fake)
+    assert gate(tmp_path, EVENTS / "pull_request_target.labeled.serving.json") == 0, capsys.readouterr().err
+    (dispatch,) = fake.dispatches
+    inputs = dispatch["inputs"]
+    assert inputs == {**event("workflow_dispatch.bench.serving.json")["inputs"], "gate_run": "4242"}
+    assert f"GET {R}/git/blobs/{blob_sha(PATCH)}" in fake.requests()
+    assert "Submission check: valid" in fake.comments[8][0]["body"] and "Queued" in fake.comments[8][0]["body"]
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["track"] == "serving" and record["blob_shas"] == {SERVING_PATH: blob_sha(PATCH)}
+
+    # bench.yml's serving job: the dispatch's inputs are its event
+    dispatched = tmp_path / "dispatch.json"
+    dispatched.write_text(json.dumps({**event("workflow_dispatch.bench.serving.json"), "inputs": inputs}))
+    assert fetch(tmp_path, "--event", str(dispatched)) == 0
+    assert (tmp_path / "checkout" / SERVING_PATH).read_bytes() == PATCH
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta == {"pr": 8, "head_sha": SERVING_HEAD, "login": "bob", "track": "serving", "problem": None,
+                    "path": SERVING_PATH, "blob_sha": blob_sha(PATCH)}
+    doc = sf.serving_result(t=1.21, i=1.08, login="bob", pr=8, head_sha=SERVING_HEAD, sign=False)
+    doc["submission"]["blob_sha"] = meta["blob_sha"]
+    unsigned, signed = tmp_path / "unsigned.json", tmp_path / "signed" / "result.json"
+    unsigned.write_text(json.dumps(doc))
+    signed.parent.mkdir()
+    key = write_private_key(tmp_path / "signer.key")  # the signer host's; post-result below sees only the keyring
+    assert main(["sign", str(unsigned), "--out", str(signed), "--key-file", str(key), "--pr", inputs["pr"],
+                 "--head-sha", inputs["head_sha"], "--login", inputs["login"], "--blob-sha", inputs["blob_sha"],
+                 "--problem", "serving"]) == 0, capsys.readouterr().err
+    plot = tmp_path / "plot.png"
+    assert main(["plot-result", str(signed), "--out", str(plot)]) == 0
+
+    # report.yml: the bench run (9200) holds the signed result and the plot
+    run = fake.add_run(f"bench #8 @bob {SERVING_HEAD}", "2026-11-05T09:00:00Z")
+    fake.runs[-1].update(id=9200, html_url="https://github.com/muse-competition/pipeline/actions/runs/9200")
+    fake.add_artifact(9200, "result", {"result.json": signed.read_bytes()})
+    plot_artifact = fake.add_artifact(9200, "serving-plot", {report.PLOT_NAME: plot.read_bytes()})
+    assert post(signed, "workflow_run.bench_serving_completed.json") == 0, capsys.readouterr().err
+    body = fake.comments[8][0]["body"]
+    assert len(fake.comments[8]) == 1, "the gate's sticky comment, updated"
+    assert "### serving: PASSED" in body and "| 1   | 18.5" in body and "**Score S = 1.143" in body
+    assert "```text\nT_c (tokens/s/GPU)" in body
+    assert f"(https://github.com/muse-competition/pipeline/actions/runs/9200/artifacts/{plot_artifact['id']})" in body
+    check = fake.check_runs[0]
+    assert (check["head_sha"], check["conclusion"]) == (SERVING_HEAD, "success")
+    assert check["output"]["title"] == "serving: PASSED, S = 1.143"
+
+    # merged: ledger.yml's reconcile records it and the serving board ranks it
+    fake.merge(8, "2026-10-24T10:00:00Z")  # inside the test competition's serving track
+    assert run["id"] == 9200
+    origin = bare_origin(tmp_path)
+    work = clone(origin, tmp_path / "work")
+    assert main(["publish", "reconcile", "--repo", str(work), "--now", "2026-10-24T12:00:00Z", "--no-plots",
+                 "--backoff", "0"]) == 0, capsys.readouterr().err
+    assert "recorded 1 merged PR (#8)" in capsys.readouterr().out
+    check_out = clone(origin, tmp_path / "check")
+    (rec,) = lg.verify(check_out)
+    assert (rec["track"], rec["problem"], rec["pr"], rec["blob_sha"]) == ("serving", "serving", 8, blob_sha(PATCH))
+    board = (check_out / "leaderboard.md").read_text()
+    serving = board[board.index("## Serving track"):]
+    assert "| 1 | [@bob](https://github.com/bob) | 1.143 |" in serving and "/pull/8)" in serving
+    assert git(origin, "log", "-1", "--format=%s", "main") == "ledger: record #8 (reconcile)"
+
+
+def test_a_serving_pr_whose_patch_the_gate_refuses_is_not_dispatched(fake, tmp_path):
+    """The gate runs the patch rules on the blob it reads through the API, as validate does: a patch of a
+    denied file (the sampler) is refused with its rule, the label removed, nothing dispatched."""
+    hostile = PATCH.replace(b"srt/layers/activation.py", b"srt/layers/sampler.py")
+    open_serving_pr(fake, hostile)
+    assert gate(tmp_path, EVENTS / "pull_request_target.labeled.serving.json") == 1
+    assert not fake.dispatches and f"DELETE {R}/issues/8/labels/run-eval" in fake.requests()
+    from pipeline.report import md_escape
+
+    body = fake.comments[8][0]["body"]
+    assert md_escape("patch-denied-path") in body and md_escape("sampler.py") in body and "Not queued" in body
+
+
+def test_the_sign_job_signs_only_the_serving_result_the_serving_dispatch_asked_for(tmp_path, capsys):
+    """bench.yml passes --problem serving for a serving dispatch: a kernel result for the same PR, head,
+    login and blob is refused, nothing written; so is a serving result of another blob."""
+    from fixtures.serving_results import factory as sf
+
+    d = event("workflow_dispatch.bench.serving.json")["inputs"]
+    bound = ["--pr", d["pr"], "--head-sha", d["head_sha"], "--login", d["login"], "--blob-sha", d["blob_sha"],
+             "--problem", "serving"]
+    kernel = result_doc(login="bob", pr=8, head_sha=SERVING_HEAD, official=True)
+    kernel = {**kernel, "signature": None, "submission": {**kernel["submission"], "blob_sha": d["blob_sha"]}}
+    src, out = tmp_path / "unsigned.json", tmp_path / "signed.json"
+    src.write_text(json.dumps(kernel))
+    assert main(["sign", str(src), "--out", str(out), *bound]) == 1
+    assert "the result is for problem 'muse_bf16_proj', but the dispatch named 'serving'" in capsys.readouterr().err
+    other = sf.serving_result(login="bob", pr=8, head_sha=SERVING_HEAD, sign=False)
+    src.write_text(json.dumps(other))
+    assert main(["sign", str(src), "--out", str(out), *bound]) == 1
+    assert "submission blob_sha" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_gated_serving_result_is_posted_with_why_and_its_merge_records_nothing(fake, tmp_path, key_file,
+                                                                                 _plain_git, capsys):
+    """G = 0 (the canaries disagree): the comment says which part failed and that merging records nothing; the
+    check fails; merged anyway, the reconcile says why it records nothing and the board stays empty."""
+    from ledger_factory import bare_origin, clone
+
+    open_serving_pr(fake)
+    doc = result_doc(track="serving", status="incorrect", login="bob", pr=8, head_sha=SERVING_HEAD, speedup=1.6)
+    path = write_result(tmp_path, doc)
+    assert post(path, "workflow_run.bench_serving_completed.json") == 0
+    body = fake.comments[8][0]["body"]
+    assert "### serving: INCORRECT" in body and "**Correctness gate: G = 0**" in body and "FAILED" in body
+    assert "never recorded in the ledger nor ranked on the serving board, even if the pull request is merged" in body
+    assert fake.check_runs[0]["conclusion"] == "failure" and fake.check_runs[0]["output"]["title"] == "serving: INCORRECT"
+    fake.add_run(f"bench #8 @bob {SERVING_HEAD}", "2026-10-24T09:00:00Z")
+    fake.add_artifact(fake.runs[-1]["id"], "result", {"result.json": path.read_bytes()})
+    fake.merge(8, "2026-10-24T10:00:00Z")
+    work = clone(bare_origin(tmp_path), tmp_path / "work")
+    assert main(["publish", "reconcile", "--repo", str(work), "--now", "2026-10-24T12:00:00Z", "--no-plots",
+                 "--backoff", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "#8 was merged although its evaluation" in err and "its correctness gate failed (G = 0, so S = 0)" in err
