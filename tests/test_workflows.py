@@ -45,7 +45,8 @@ SPEC = {
     "bench.yml": {
         "events": {"workflow_dispatch": None},
         "permissions": {},
-        "runs_on": {"evaluate": ["self-hosted", "h200"], "sign": ["self-hosted", "signer"]},
+        "runs_on": {"evaluate": ["self-hosted", "h200"], "serving": ["self-hosted", "h200-x8"],
+                    "sign": ["self-hosted", "signer"]},
     },
     "report.yml": {
         "events": {"workflow_run": ["completed"]},
@@ -129,9 +130,76 @@ def test_only_bench_reaches_the_gpu_runner_and_only_by_dispatch():
     assert bench["permissions"] == {} and all("permissions" not in j for j in bench["jobs"].values())
     text = (WORKFLOWS / "bench.yml").read_text()
     assert "secrets." not in text, "the signing key lives on the signer host, never in a GitHub secret"
-    assert sorted(bench["jobs"]) == ["evaluate", "sign"]
-    for job in bench["jobs"].values():
-        assert job["if"] == "github.ref == 'refs/heads/main'"
+    assert sorted(bench["jobs"]) == ["evaluate", "serving", "sign"]
+    jobs = bench["jobs"]
+    # exactly one evaluating job per dispatch, by its track; every one of main's bench.yml only
+    assert jobs["evaluate"]["if"] == "github.ref == 'refs/heads/main' && inputs.track != 'serving'"
+    assert jobs["serving"]["if"] == "github.ref == 'refs/heads/main' && inputs.track == 'serving'"
+    assert jobs["sign"]["if"] == ("!cancelled() && github.ref == 'refs/heads/main' && (needs.evaluate.result == "
+                                  "'success' || needs.serving.result == 'success')")
+
+
+def test_each_track_s_job_runs_on_the_labels_competition_toml_gives_it():
+    """competition.toml's runner_labels are where each track's evaluation runs (one H200 for a kernel, a
+    full 8xH200 node for serving), and actionlint knows every self-hosted label."""
+    tracks = tomllib.loads((ROOT / "competition.toml").read_text())["tracks"]
+    jobs = load("bench.yml")["jobs"]
+    assert jobs["evaluate"]["runs-on"] == tracks["kernel"]["runner_labels"]
+    assert jobs["serving"]["runs-on"] == tracks["serving"]["runner_labels"]
+    known = set(yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"])
+    for job in jobs.values():
+        assert set(job["runs-on"]) - {"self-hosted"} <= known, job["runs-on"]
+
+
+def _health_calls(job: dict) -> list[list[str]]:
+    return [argv for argv in pipeline_calls(_runs(job)) if argv[:2] == ["runner", "health"]]
+
+
+def test_each_evaluating_job_checks_its_runner_before_and_after_and_fails_loudly_on_a_harness_error():
+    """The health check runs first and after the evaluation (also after a failed one); on the serving node
+    it asks for all eight GPUs. The serving evaluation's exit 1 is a verdict, its 3 (the baseline could not
+    be measured: the node's fault) fails the job with an error annotation, so no result is signed or
+    posted; the upload runs only when the evaluation step succeeded."""
+    jobs = load("bench.yml")["jobs"]
+    for job_id, gpus in (("evaluate", []), ("serving", ["--gpus", "8"])):
+        job = jobs[job_id]
+        names = [st.get("name", "") for st in job["steps"]]
+        checks = [i for i, st in enumerate(job["steps"]) if "runner health" in st.get("run", "")]
+        evaluate = next(i for i, st in enumerate(job["steps"]) if st.get("id") == "evaluate")
+        fetch = next(i for i, st in enumerate(job["steps"]) if "fetch-submission" in st.get("run", ""))
+        upload = next(i for i, st in enumerate(job["steps"]) if st.get("uses", "").startswith("actions/upload-artifact@"))
+        assert checks[0] < fetch < evaluate < checks[1] < upload and len(checks) == 2, names
+        assert _health_calls(job) == [["runner", "health", "--device", "cuda", *gpus]] * 2
+        assert job["steps"][checks[1]]["if"] == "${{ !cancelled() && steps.evaluate.conclusion != 'skipped' }}"
+        assert "if" not in job["steps"][upload]
+    script = next(st["run"] for st in jobs["serving"]["steps"] if st.get("id") == "evaluate")
+    for code, ok in ((0, True), (1, True), (3, False), (2, False), (137, False)):
+        fake = f"#!/bin/sh\nexit {code}\n"
+        proc = subprocess.run(["bash", "-e", "-c", script.replace("sudo -n", f"sh -c '{fake}' --")],
+                              env={"RUNNER_TEMP": "/nonexistent", "SUBMISSION_PATH": "x", "PATH": os.environ["PATH"]},
+                              capture_output=True, text=True)
+        assert (proc.returncode == 0) == ok, (code, proc.returncode, proc.stdout, proc.stderr)
+        if not ok:
+            assert proc.returncode == code and "::error title=serving " in proc.stdout, proc.stdout
+    assert "When a serving evaluation exits 3" in script
+    assert "When a serving evaluation exits 3" in (ROOT / "docs" / "RUNBOOK.md").read_text()
+
+
+def test_the_serving_job_outlasts_the_official_evaluation_s_own_limits():
+    """timeout-minutes of the serving job, recomputed from competition.toml as its comment does: above the
+    sum of the evaluator's own phase limits (launches, sweeps with each level's extra, GSM8K), so a stuck
+    phase ends with the evaluator's status, never the job's kill; below the job token's 24 hours."""
+    toml = tomllib.loads((ROOT / "competition.toml").read_text())
+    serving, limits = toml["serving"], toml["limits"]["serving"]
+    blocks, sweeps = 4, 4 * serving["runs"]  # B C C B
+    sweep = sum(serving["warmup_s"] + (serving["window_s_c1"] if c == 1 else serving["window_s"])
+                for c in serving["levels"])
+    assert (sweep, serving["levels"], serving["runs"]) == (2340, [1, 4, 16, 32], 3), "the comment's figures"
+    worst = blocks * limits["launch"] + sweeps * (sweep + len(serving["levels"]) * limits["level_extra"]) \
+        + 2 * limits["gsm8k"] + 600
+    timeout = load("bench.yml")["jobs"]["serving"]["timeout-minutes"] * 60
+    assert worst * 1.05 <= timeout <= 23 * 3600, (worst, timeout)
+    assert f"{worst:,} s" in (WORKFLOWS / "bench.yml").read_text(), "the comment states the sum"
 
 
 def _runs(job: dict) -> str:
@@ -144,14 +212,20 @@ def test_signing_is_a_job_of_its_own_on_the_signer_from_a_pristine_checkout():
     dispatch's inputs; report and the reconcile read the artifact that job uploads."""
     from pipeline.publish import RESULT_ARTIFACT
 
+    from pipeline.github_cli import PLOT_ARTIFACT
+
     jobs = load("bench.yml")["jobs"]
-    evaluate, sign = jobs["evaluate"], jobs["sign"]
-    assert sign["needs"] == "evaluate"
-    assert "python -m pipeline sign" not in _runs(evaluate) and "python -m pipeline sign" in _runs(sign)
+    evaluate, serving, sign = jobs["evaluate"], jobs["serving"], jobs["sign"]
+    assert sign["needs"] == ["evaluate", "serving"]
+    for job in (evaluate, serving):
+        assert "python -m pipeline sign" not in _runs(job) and "python -m pipeline sign" in _runs(sign)
     assert "pipeline evaluate" not in _runs(sign) and "fetch-submission" not in _runs(sign)
     uploads = {job_id: [st["with"]["name"] for st in job["steps"] if st.get("uses", "").startswith(
         "actions/upload-artifact@")] for job_id, job in jobs.items()}
-    assert uploads == {"evaluate": ["unsigned-result"], "sign": [RESULT_ARTIFACT]}
+    assert uploads == {"evaluate": ["unsigned-result"], "serving": ["unsigned-result"],
+                       "sign": [RESULT_ARTIFACT, PLOT_ARTIFACT]}
+    sign_env = next(st["env"] for st in sign["steps"] if "python -m pipeline sign" in st.get("run", ""))
+    assert sign_env["PROBLEM"] == "${{ inputs.track == 'serving' && 'serving' || inputs.problem }}"
     (download,) = [st for st in sign["steps"] if st.get("uses", "").startswith("actions/download-artifact@")]
     assert download["with"]["name"] == "unsigned-result" and "runner.temp" in download["with"]["path"]
     (checkout,) = [st for st in sign["steps"] if st.get("uses", "").startswith("actions/checkout@")]
@@ -171,22 +245,29 @@ def test_no_workflow_holds_anything_that_can_sign():
         assert set(re.findall(r"secrets\.(\w+)", text)) <= {"PIPELINE_APP_PRIVATE_KEY"}, name
 
 
-def test_the_official_evaluation_runs_as_root_through_one_sudo_rule():
-    """Isolating the submission needs root (namespaces, a uid of its own): the evaluate step is the one
-    place a workflow uses sudo, non-interactively, for exactly `python -m pipeline evaluate --official`
-    with the interpreter the RUNBOOK's sudoers rule names."""
+def test_the_official_evaluations_run_as_root_through_one_sudo_rule_each():
+    """Isolating the submission needs root (namespaces, a uid of its own): the two evaluate steps are the
+    only places a workflow uses sudo, non-interactively, each for exactly its official command
+    (`python -m pipeline evaluate --official`, `python -m pipeline serving evaluate --official`) with the
+    interpreter the RUNBOOK's sudoers rules name, and those rules allow nothing else."""
     found = []
     for name in SPEC:
         for job_id, _, step in steps(load(name)):
             for line in step.get("run", "").replace("\\\n", " ").splitlines():
                 if "sudo" in line:
                     found.append((name, job_id, line.strip()))
-    assert len(found) == 1, found
-    name, job_id, line = found[0]
-    assert (name, job_id) == ("bench.yml", "evaluate")
-    assert line.startswith(f"sudo -n {SUDO_PYTHON} -m pipeline evaluate --official ")
+    assert [(name, job_id) for name, job_id, _ in found] == [("bench.yml", "evaluate"), ("bench.yml", "serving")], found
+    commands = {job_id: line for _, job_id, line in found}
+    assert commands["evaluate"].startswith(f"sudo -n {SUDO_PYTHON} -m pipeline evaluate --official ")
+    assert commands["serving"].startswith(f"sudo -n {SUDO_PYTHON} -m pipeline serving evaluate --official ")
+    assert " --launch sglang " in commands["serving"]
     runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
-    assert f"NOPASSWD: {SUDO_PYTHON} -m pipeline evaluate --official *" in runbook
+    rules = [line.strip() for line in runbook.splitlines() if line.strip().startswith("runner ALL=")]
+    assert rules == [f"runner ALL=(root) NOPASSWD: {SUDO_PYTHON} -m pipeline evaluate --official *",
+                     f"runner ALL=(root) NOPASSWD: {SUDO_PYTHON} -m pipeline serving evaluate --official *"], rules
+    keep = next(line for line in runbook.splitlines() if line.startswith(f"Defaults!{SUDO_PYTHON} env_keep"))
+    for var in ("PIPELINE_HARNESS_COMMIT", "PIPELINE_SERVING_DATASET", "PIPELINE_SERVING_MODEL", "PIPELINE_SGLANG_CACHE"):
+        assert var in keep, var
 
 
 def test_ledger_and_snapshot_runs_each_record_every_missing_merge():
@@ -336,8 +417,9 @@ def all_calls() -> list[tuple[str, list[str]]]:
 
 
 def test_the_deciding_steps_are_pipeline_verbs():
-    called = {argv[0] + (f" {argv[1]}" if argv[0] == "publish" else "") for _, argv in all_calls()}
-    assert called >= {"validate", "gate", "fetch-submission", "evaluate", "sign", "post-result", "publish reconcile"}
+    called = {argv[0] + (f" {argv[1]}" if argv[0] in ("publish", "serving", "runner") else "") for _, argv in all_calls()}
+    assert called >= {"validate", "gate", "fetch-submission", "evaluate", "sign", "post-result", "publish reconcile",
+                      "serving evaluate", "runner health", "plot-result"}
 
 
 @pytest.mark.parametrize("where,argv", all_calls(), ids=[w for w, _ in all_calls()])
