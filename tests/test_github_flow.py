@@ -549,6 +549,19 @@ def test_a_serving_pr_from_the_label_to_the_board(fake, tmp_path, key_file, _pla
     assert git(origin, "log", "-1", "--format=%s", "main") == "ledger: record #8 (reconcile)"
 
 
+def test_validate_reads_a_serving_pr_and_gates_its_patch(fake, tmp_path, capsys):
+    """validate.yml's verb through the API (`validate --event`): the serving PR's patch.diff read from its
+    blob and gated against the pinned SGLang, read-only."""
+    open_serving_pr(fake)
+    path = write_event(tmp_path, "pull_request.opened.json", pull_request__number=8)
+    out = tmp_path / "verdict.json"
+    assert main(["validate", "--event", str(path), "--json", str(out)]) == 0, capsys.readouterr().err
+    verdict = json.loads(out.read_text())
+    assert verdict["submission"]["track"] == "serving" and verdict["submission"]["path"] == SERVING_PATH
+    assert verdict["patch_gate"]["accepted"] and verdict["patch_gate"]["files"] == ["python/sglang/srt/layers/activation.py"]
+    assert not any(r.startswith(("POST", "PATCH", "DELETE")) for r in fake.requests())
+
+
 def test_a_serving_pr_whose_patch_the_gate_refuses_is_not_dispatched(fake, tmp_path):
     """The gate runs the patch rules on the blob it reads through the API, as validate does: a patch of a
     denied file (the sampler) is refused with its rule, the label removed, nothing dispatched."""
