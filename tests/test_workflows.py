@@ -261,6 +261,10 @@ def test_the_official_evaluations_run_as_root_through_one_sudo_rule_each():
     assert commands["evaluate"].startswith(f"sudo -n {SUDO_PYTHON} -m pipeline evaluate --official ")
     assert commands["serving"].startswith(f"sudo -n {SUDO_PYTHON} -m pipeline serving evaluate --official ")
     assert " --launch sglang " in commands["serving"]
+    (call,) = [argv for where, argv in all_calls() if where.startswith("bench.yml/serving/") and argv[:2] == [
+        "serving", "evaluate"]]
+    assert {"--official", "--meta", "--json"} <= set(call)
+    assert "--dataset" not in call, "the hidden set's path comes from the runner's environment, never the workflow"
     runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
     rules = [line.strip() for line in runbook.splitlines() if line.strip().startswith("runner ALL=")]
     assert rules == [f"runner ALL=(root) NOPASSWD: {SUDO_PYTHON} -m pipeline evaluate --official *",
