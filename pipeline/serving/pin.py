@@ -73,6 +73,151 @@ def load_pin(path: Path | None = None) -> Pin:
         raise PinError(f"{path}: the pin lacks {exc.args[0] if exc.args else 'a required field'}") from None
 
 
+# ---- the launch templates: sglang_pin/pin.toml [launch.<name>] ----
+
+# What a template may name in braces; pipeline/serving/launch.py fills them in. {scratch} is the
+# sandbox's own (pipeline/sandbox.py SCRATCH_TOKEN: its /tmp), {delay_ms} exists only in `slowdown`.
+PLACEHOLDERS = ("python", "model", "port", "gpus", "context_length", "tree", "device", "scratch")
+TEMPLATE_KEYS = {
+    # key: (required, what it is)
+    "engine": (True, "the request adapter of pipeline/serving/engine.py"),
+    "argv": (True, "the command, run without a shell"),
+    "version": (True, '"pin" (the pinned SGLang) or the distribution whose installed version is recorded'),
+    "gpus": (True, "GPUs the server runs on: {gpus}, and what T_c divides by"),
+    "device": (True, '"cuda", "cpu" or "auto" (cuda where /dev/nvidiactl exists)'),
+    "ready": (True, "the readiness path, answered 200 once the server serves"),
+    "ready_timeout_s": (True, "seconds from the start to ready (capped by [limits.serving] launch_s)"),
+    "tokenizer": (True, '"pinned" (sglang_pin\'s) or the path of the tokenizer.json output is counted with'),
+    "env": (False, "environment of the server, on top of the launch's own (HOME, TMPDIR, PATH)"),
+    "passthrough": (False, "names of the runner's environment variables handed to the server as they are"),
+    "readable": (False, "what the server may read besides the Python installation"),
+    "model_env": (False, "the runner's environment variable that holds {model}, the served model's path"),
+    "context_length": (False, "{context_length}; the dataset's window must fit it"),
+    "warmup": (False, '"plain" (one short forced request) or "suppress_special" (transformers under '
+                      'continuous batching: the first request sets every later one\'s logits processors)'),
+    "slowdown": (False, '"asgi" or extra arguments holding {delay_ms}: how evaluate\'s test-only delay knob '
+                        'slows this server'),
+}
+
+
+@dataclass(frozen=True)
+class LaunchTemplate:
+    """One [launch.<name>] table of the pin, checked: how a server is started. Competitors control none of it."""
+
+    name: str
+    engine: str
+    argv: tuple[str, ...]
+    version: str
+    gpus: int
+    device: str
+    ready: str
+    ready_timeout_s: float
+    tokenizer: str
+    env: dict[str, str] = field(default_factory=dict)
+    passthrough: tuple[str, ...] = ()
+    readable: tuple[str, ...] = ()
+    model_env: str | None = None
+    context_length: int | None = None
+    warmup: str | None = None
+    slowdown: str | tuple[str, ...] | None = None
+
+    @property
+    def runs_patch(self) -> bool:
+        """Whether the server runs the patched tree at all (argv or env names {tree}): an official result
+        measures a patch, so a template that ignores it can never give one."""
+        return any("{tree}" in a for a in self.argv) or any("{tree}" in v for v in self.env.values())
+
+    @property
+    def needs_model(self) -> bool:
+        return any("{model}" in x for x in (*self.argv, *self.env.values(), *self.readable, self.tokenizer))
+
+
+def _placeholders_ok(value: str, where: str, allowed: tuple[str, ...]) -> None:
+    import re
+
+    for name in re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", value):
+        if name not in allowed:
+            raise PinError(f"{where}: unknown placeholder {{{name}}} (known: {', '.join('{' + a + '}' for a in allowed)})")
+
+
+def launch_template(pin: Pin, name: str) -> LaunchTemplate:
+    """The checked template [launch.<name>]; PinError naming the key to fix (an unknown key is refused, not
+    ignored: a misspelt `passthru` must not launch a server without what it names)."""
+    table = pin.launch.get(name)
+    where = f"{pin.path.name} [launch.{name}]"
+    if not isinstance(table, dict):
+        known = ", ".join(sorted(k for k, v in pin.launch.items() if isinstance(v, dict))) or "none"
+        raise PinError(f"{pin.path.name} has no launch template {name!r} (known: {known})")
+    unknown = sorted(set(table) - set(TEMPLATE_KEYS))
+    missing = [k for k, (req, _) in TEMPLATE_KEYS.items() if req and k not in table]
+    if unknown or missing:
+        raise PinError(f"{where}: " + "; ".join(
+            ([f"unknown key(s) {', '.join(unknown)}"] if unknown else []) +
+            ([f"missing key(s) {', '.join(missing)}"] if missing else [])) + f" (the keys: {', '.join(TEMPLATE_KEYS)})")
+    from pipeline.serving import engine
+
+    if table["engine"] not in engine.ADAPTERS:
+        raise PinError(f"{where} engine: {table['engine']!r} is not one of {', '.join(sorted(engine.ADAPTERS))}")
+
+    def strings(key: str, value: Any, allowed=PLACEHOLDERS) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise PinError(f"{where} {key}: a list of strings, not {value!r}")
+        for v in value:
+            _placeholders_ok(v, f"{where} {key}", allowed)
+        return tuple(value)
+
+    argv = strings("argv", table["argv"])
+    if not argv or not argv[0]:
+        raise PinError(f"{where} argv: empty")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise PinError(f"{where} env: a table of strings, not {env!r}")
+    for k, v in env.items():
+        _placeholders_ok(v, f"{where} env.{k}", PLACEHOLDERS)
+    for key, kind in (("version", str), ("ready", str), ("tokenizer", str), ("device", str)):
+        if not isinstance(table[key], kind) or not table[key]:
+            raise PinError(f"{where} {key}: a non-empty string, not {table[key]!r}")
+    _placeholders_ok(table["tokenizer"], f"{where} tokenizer", PLACEHOLDERS)
+    if table["device"] not in ("cuda", "cpu", "auto"):
+        raise PinError(f"{where} device: \"cuda\", \"cpu\" or \"auto\", not {table['device']!r}")
+    gpus = table["gpus"]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 64:
+        raise PinError(f"{where} gpus: a whole number from 1 to 64, not {gpus!r}")
+    timeout = table["ready_timeout_s"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise PinError(f"{where} ready_timeout_s: seconds, more than 0, not {timeout!r}")
+    context = table.get("context_length")
+    if context is not None and (isinstance(context, bool) or not isinstance(context, int) or context < 1):
+        raise PinError(f"{where} context_length: a whole number of tokens, not {context!r}")
+    if any("{context_length}" in a for a in argv) and context is None:
+        raise PinError(f"{where}: argv names {{context_length}} but the template sets no context_length")
+    model_env = table.get("model_env")
+    if model_env is not None and (not isinstance(model_env, str) or not model_env):
+        raise PinError(f"{where} model_env: the name of an environment variable, not {model_env!r}")
+    warmup = table.get("warmup")
+    if warmup is not None and warmup not in ("plain", "suppress_special"):
+        raise PinError(f"{where} warmup: \"plain\" or \"suppress_special\", not {warmup!r}")
+    slowdown = table.get("slowdown")
+    if isinstance(slowdown, list):
+        slowdown = strings("slowdown", slowdown, PLACEHOLDERS + ("delay_ms",))
+        if not any("{delay_ms}" in a for a in slowdown):
+            raise PinError(f"{where} slowdown: the extra arguments must hold {{delay_ms}}")
+    elif slowdown is not None and slowdown != "asgi":
+        raise PinError(f"{where} slowdown: \"asgi\" or a list of extra arguments, not {slowdown!r}")
+    if slowdown == "asgi" and argv[1:2] != ("-m",):
+        raise PinError(f"{where}: slowdown \"asgi\" runs `{{python}} -m MODULE ...` through our wrapper; argv must "
+                       "start that way")
+    template = LaunchTemplate(
+        name=name, engine=table["engine"], argv=argv, version=table["version"], gpus=gpus, device=table["device"],
+        ready=table["ready"], ready_timeout_s=float(timeout), tokenizer=table["tokenizer"], env=dict(env),
+        passthrough=strings("passthrough", table.get("passthrough", [])),
+        readable=strings("readable", table.get("readable", [])), model_env=model_env, context_length=context,
+        warmup=warmup, slowdown=slowdown)
+    if template.needs_model and model_env is None:
+        raise PinError(f"{where}: it names {{model}} but sets no model_env (where the runner keeps the model's path)")
+    return template
+
+
 def cache_root() -> Path:
     """Where trees are kept: $PIPELINE_SGLANG_CACHE, else $XDG_CACHE_HOME/muse-pipeline/sglang, else
     ~/.cache/muse-pipeline/sglang."""

@@ -1,7 +1,11 @@
 """A scripted OpenAI-compatible streaming server: a real HTTP process whose timing the test controls.
 
-Run as `python tests/serving/scripted_server.py [--port P]`; it prints `PORT <n>` once it listens (port 0
-picks a free one) and serves until killed. The tests talk to it over loopback like the replayer talks to
+Run as `python tests/serving/scripted_server.py [--port P] [--script JSON] [--tree DIR] [--chunk-delay-ms N]`;
+it prints `PORT <n>` once it listens (port 0 picks a free one) and serves until killed. `--script` sets
+the fields of SCRIPT below from the start; `--tree` reads more of them from DIR/python/sglang/srt/_scripted.json
+when that file exists (how a test's patch changes the candidate's server: `python -m pipeline serving
+evaluate` launches this server from a test pin's template with {tree}, the tree the patch was applied
+to); `--chunk-delay-ms` is the template's delay knob (every content chunk waits that long first). The tests talk to it over loopback like the replayer talks to
 an engine:
 
   POST /v1/chat/completions  an SSE stream of chat.completion.chunk objects, one word a chunk by default
@@ -23,6 +27,16 @@ completion tokens and claim every prompt token was cached; `hang_s` stalls befor
 model forced past its end writes); `timestamps` puts the server's send time
 (`t_send_ns`, perf_counter_ns: the same clock as the client's on this machine) in every chunk, and
 `log_sends` keeps every content chunk's send time in the request's log entry (`sends`).
+For the evaluation's tests: `words_from: "prompt"` picks a reply's words from a hash of its conversation
+(every message after the system message, whose first line is the run's random marker), so the same prompt
+gets the same reply from every launch (a canary agrees with itself), and `words_offset` shifts them (a
+server whose greedy tokens differ); `die_after` ends the process at the start of that many-plus-one'th
+chat request (a server that crashes mid-level), `exit_at_start` exits before it listens (a launch that
+fails), `spawn_detached` starts a grandchild in a session of its own that sleeps (what a stop must kill too),
+`flush_hang_s` makes /flush_cache answer that late (a server that stops answering between levels).
+`asgi_app` is a minimal ASGI app (GET /health, GET /stream: five chunks at once) for the launch's
+delay knob, which wraps what uvicorn serves.
+A request with `"stream": false` gets one chat.completion object with the whole reply.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -54,6 +69,13 @@ SCRIPT = {
     "healthy": True,
     "flush_status": 200,
     "done": True,
+    "words_from": "index",
+    "words_offset": 0,
+    "chunk_delay_s": 0.0,
+    "die_after": None,
+    "exit_at_start": None,
+    "spawn_detached": False,
+    "flush_hang_s": 0.0,
 }
 
 # Common English words, each one token for Qwen's BPE (a leading space and letters are one pre-token).
@@ -66,6 +88,16 @@ def word(index: int, j: int, special_every: int = 0) -> str:
     if special_every and (j + 1) % special_every == 0:
         return "<|im_end|>"
     return WORDS[(index + j) % len(WORDS)]
+
+
+def prompt_index(body: dict, offset: int = 0) -> int:
+    """A reply's first word, from its conversation less the system message (whose first line is the run's
+    marker): the same prompt gives the same reply from any launch."""
+    import hashlib
+
+    msgs = body.get("messages") or []
+    digest = hashlib.sha256(orjson.dumps(msgs[1:], option=orjson.OPT_SORT_KEYS)).digest()
+    return int.from_bytes(digest[:4], "big") + offset
 
 
 class State:
@@ -107,6 +139,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())  # a long history is a large body: orjson keeps up
     state.count += 1
     index = state.count
+    if script["die_after"] is not None and index > int(script["die_after"]):
+        print(f"scripted server: dying at request {index} as scripted (die_after {script['die_after']})", flush=True)
+        os._exit(70)
+    if script["words_from"] == "prompt":
+        index = prompt_index(body, int(script["words_offset"]))
     entry = {"index": index, "t_start_ns": t_start, "t_end_ns": None,
              "peer": (request.transport.get_extra_info("peername") or [None, None])[1],
              "body": body if script["record_bodies"] else {k: v for k, v in body.items() if k != "messages"}}
@@ -118,6 +155,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
             return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
         n = forced_length(body)
         sent = max(0, n - int(script["short_by"]))
+        if body.get("stream") is False:
+            text = "".join(word(index, j, script["special_every"]) for j in range(sent))
+            usage = {"prompt_tokens": 0, "completion_tokens": sent, "total_tokens": sent}
+            return web.json_response({"id": f"chatcmpl-{index}", "object": "chat.completion", "created": 0,
+                                      "model": "scripted", "usage": usage, "choices": [{
+                                          "index": 0, "finish_reason": "length",
+                                          "message": {"role": "assistant", "content": text}}]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         cid = f"chatcmpl-{index}"
@@ -153,6 +197,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
                 await asyncio.sleep(0.001)  # so the halves arrive as two reads, at two times
                 await resp.write(tail)
             else:
+                if script["chunk_delay_s"]:
+                    await asyncio.sleep(script["chunk_delay_s"])
                 if sends is not None:
                     sends.append(time.perf_counter_ns())
                 await resp.write(data)
@@ -192,6 +238,8 @@ async def health(request: web.Request) -> web.Response:
 async def flush(request: web.Request) -> web.Response:
     state: State = request.app["state"]
     state.flushes.append(time.perf_counter_ns())
+    if state.script["flush_hang_s"]:
+        await asyncio.sleep(state.script["flush_hang_s"])
     status = int(state.script["flush_status"])
     return web.Response(status=status, text="Cache flushed.\n" if status == 200 else "pending requests\n")
 
@@ -213,9 +261,42 @@ async def get_log(request: web.Request) -> web.Response:
                               "in_flight": state.in_flight, "flushes": state.flushes})
 
 
-async def main(port: int) -> None:
+async def asgi_app(scope, receive, send):
+    """GET /health: ok; GET /stream: five body chunks sent one after another with no wait between them."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    if scope["path"] == "/stream":
+        for i in range(5):
+            await send({"type": "http.response.body", "body": f"chunk {i}\n".encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    else:
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _spawn_detached() -> None:
+    """A grandchild in a session of its own, sleeping: outside the server's process group."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(3600)
+        os._exit(0)
+    os.wait()
+
+
+async def main(port: int, script: dict | None = None) -> None:
     app = web.Application(client_max_size=256 * 1024 ** 2)
     app["state"] = State()
+    app["state"].script.update(script or {})
+    script = app["state"].script
+    if script["exit_at_start"] is not None:
+        print("scripted server: exiting before it listens, as scripted", file=sys.stderr, flush=True)
+        sys.exit(int(script["exit_at_start"]))
+    if script["spawn_detached"]:
+        _spawn_detached()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/health", health)
     app.router.add_route("*", "/flush_cache", flush)
@@ -305,8 +386,22 @@ class Server:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--script", default="{}", help="JSON: fields of SCRIPT from the start")
+    parser.add_argument("--tree", default=None, help="read more fields from TREE/python/sglang/srt/_scripted.json")
+    parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="every content chunk waits this long")
     args = parser.parse_args()
+    initial = json.loads(args.script)
+    if args.tree:
+        extra = os.path.join(args.tree, "python", "sglang", "srt", "_scripted.json")
+        if os.path.exists(extra):
+            with open(extra) as f:
+                initial.update(json.load(f))
+    if args.chunk_delay_ms:
+        initial["chunk_delay_s"] = args.chunk_delay_ms / 1000
+    unknown = set(initial) - set(SCRIPT)
+    if unknown:
+        sys.exit(f"unknown script fields {sorted(unknown)}")
     try:
-        asyncio.run(main(args.port))
+        asyncio.run(main(args.port, initial))
     except KeyboardInterrupt:
         sys.exit(0)

