@@ -338,3 +338,66 @@ def serving_document(
     }
     validate(doc)
     return doc
+
+
+SERVING_FAILURES = ("rejected", "runtime_error", "timeout")
+
+
+def serving_failure_document(
+    *,
+    status: str,
+    message: str,
+    submission: dict[str, Any],
+    patch_gate: dict[str, Any],
+    engine: dict[str, Any],
+    dataset: dict[str, Any],
+    official: bool,
+    mode: dict[str, Any],
+    environment: dict[str, Any],
+    started_at: str,
+    finished_at: str,
+    log_tail: str = "",
+    where: dict[str, Any] | None = None,
+    order: tuple[str, ...] = SERVING_ORDER,
+    flags: list[dict[str, Any]] | tuple = (),
+    baseline: str | None = None,
+) -> dict[str, Any]:
+    """A serving evaluation that has no score (validated): the patch refused by the gate (`rejected`, never
+    launched), or the candidate's server failing to launch or dying (`runtime_error`) or a phase past its
+    wall clock (`timeout`). `message` says what happened, where (block, level, run) and what to do;
+    `log_tail` is the end of the candidate server's output. No levels, no score, no gate: a partial
+    measurement is never scored."""
+    if status not in SERVING_FAILURES:
+        raise ResultError(f"a serving failure is one of {', '.join(SERVING_FAILURES)}, not {status!r}")
+    if status == "rejected" and patch_gate.get("accepted"):
+        raise ResultError("a rejected serving result needs the gate's refusal; this patch was accepted")
+    if status != "rejected" and not patch_gate.get("accepted"):
+        raise ResultError("a refused patch is never launched: its result is rejected, not a launch failure")
+    doc_flags = [dict(f) for f in flags]
+    for f in patch_gate.get("flags", []):
+        doc_flags.append({"code": "patch_flag", "line": f.get("line") or None,
+                          "message": f"{f.get('file') or 'the patch'}: [{f.get('pattern')}] {f.get('why')}"
+                          + (f": {f['text']}" if f.get("text") else "")})
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "track": "serving",
+        "problem": SERVING_PROBLEM,
+        "submission": submission,
+        "status": status,
+        "official": official,
+        "mode": mode,
+        "error": {"message": message, "shape": None, "where": where, "log_tail": log_tail[-8000:]},
+        "correctness": [],
+        "performance": [],
+        "score": None,
+        "flags": doc_flags,
+        "environment": environment,
+        "baseline": baseline or f"unpatched {engine['name']} {engine['version']}, same node, same run ({' '.join(x[0].upper() for x in order)})",
+        "serving": {"patch_gate": patch_gate, "engine": engine, "dataset": dataset, "order": list(order),
+                    "levels": [], "score": None, "gate": None},
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "signature": None,
+    }
+    validate(doc)
+    return doc

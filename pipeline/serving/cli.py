@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-STAGES: tuple[str, ...] = ("tokenizer", "pin", "gate", "dataset", "replay", "gsm8k")
+STAGES: tuple[str, ...] = ("tokenizer", "pin", "gate", "dataset", "replay", "gsm8k", "evaluate")
 
 
 def _register(p: argparse.ArgumentParser) -> None:

@@ -323,11 +323,18 @@ def fresh_tree(pin: "Pin", into: Path, patch: bytes | None = None) -> Path:
         shutil.copytree(source, dest, symlinks=True, ignore=lambda d, names: [MARKER] if Path(d) == source else [])
     except (OSError, shutil.Error) as exc:
         raise TreeError(f"copying the pinned tree {source} to {dest} failed: {exc}") from None
+    # The isolated server runs as a uid of its own, so the tree must be readable by any user: the extracted
+    # members are (tarfile's data filter keeps 0644 and 0755), the cache's root is a mkdtemp folder (0700,
+    # which copytree copies), and what the patch creates follows the umask, hence 022 around the apply.
+    os.chmod(dest, 0o755)
     if patch is not None:
+        umask = os.umask(0o022)
         try:
             done = gate.git_apply(dest, patch)
         except gate.GateUnavailable as exc:
             raise TreeError(str(exc)) from None
+        finally:
+            os.umask(umask)
         if done.returncode != 0:
             tail = (done.stderr or b"").decode("utf-8", "replace").strip()[-2000:]
             raise TreeError(f"the patch the gate accepted did not apply to a fresh copy of the pinned tree: {tail}")

@@ -389,6 +389,7 @@ if __name__ == "__main__":
     parser.add_argument("--script", default="{}", help="JSON: fields of SCRIPT from the start")
     parser.add_argument("--tree", default=None, help="read more fields from TREE/python/sglang/srt/_scripted.json")
     parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="every content chunk waits this long")
+    parser.add_argument("--tag", default=None, help="ignored: a word a test finds its servers by")
     args = parser.parse_args()
     initial = json.loads(args.script)
     if args.tree:

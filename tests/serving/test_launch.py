@@ -131,6 +131,8 @@ def test_a_fresh_tree_has_the_patch_and_the_cache_is_untouched(sglang_pin, sglan
     assert not (tree / pin_stage.MARKER).exists()  # a copy is never mistaken for a verified cache entry
     plain = launch.fresh_tree(sglang_pin, tmp_path / "b", None)
     assert (plain / rel).read_bytes() == (sglang_tree / rel).read_bytes()
+    # readable by a uid of its own (the isolated server's): the cache's root folder is 0700
+    assert launch.unreadable_by_others([str(tree), str(plain)]) == []
     with pytest.raises(launch.TreeError, match="did not apply"):  # a file the tree does not have
         launch.fresh_tree(sglang_pin, tmp_path / "c", s.diff().replace(b"activation.py", b"activation_x.py"))
 
@@ -163,9 +165,12 @@ def test_launch_and_stop_leave_nothing(isolate, tmp_path, limits, sglang_pin):
     assert "PORT" in server.log_tail()
 
 
-def test_a_server_that_exits_at_launch_is_reported_at_once(tmp_path, limits, sglang_pin):
-    tree = tmp_path  # the scripted server reads nothing of it
-    template = _template(tmp_path, script={"exit_at_start": 3})
+def test_a_server_that_exits_at_launch_is_reported_at_once(tmp_path, limits, sglang_pin, scratch):
+    # the exit code comes from the patch: the server read the patched tree it was given
+    s = scratch()
+    s.write("python/sglang/srt/_scripted.json", '{"exit_at_start": 3}')
+    tree = launch.fresh_tree(sglang_pin, tmp_path, s.diff())
+    template = _template(tmp_path)
     server = launch.Server(template, tree=tree, model=None, policy=sandbox.Policy(limits=limits.sandbox),
                            limits=limits, label="candidate")
     t0 = time.monotonic()

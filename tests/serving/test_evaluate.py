@@ -1,0 +1,239 @@
+"""`python -m pipeline serving evaluate` end to end: the real command, real patches made with git against the
+pinned tree, real server processes launched from a template in their sandboxes, B C C B.
+
+The server is tests/serving/scripted_server.py from a test pin's template; a patch that adds
+python/sglang/srt/_scripted.json changes the candidate's server only (the template passes it {tree}), the
+way a real patch changes SGLang: so a candidate that fails to launch, dies mid-level, stops answering or
+answers its canaries differently is a real process doing so. The delay knob (--delay-ms-*) slows one
+side. Windows of 0.4 s at c = 1 and 4, one run per block, two GSM8K questions: 5-8 s per evaluation. The real engine's evaluation is test_evaluate_against_transformers_serve, at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import pin_with, scripted_template, tiny_dataset
+from pipeline import result
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = "python/sglang/srt/_scripted.json"
+ACT = "python/sglang/srt/layers/activation.py"
+WINDOW = ["--levels", "1,4", "--window-s", "0.4", "--warmup-s", "0.05", "--runs", "1", "--gsm8k-questions", "2"]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("evaluate")
+    tag = f"evaluate-test-{os.getpid()}-{d.name}"
+    pin = pin_with(d / "pin.toml",
+                   scripted_template({"token_s": 0.003}, tag=tag),
+                   scripted_template({"exit_at_start": 4}, name="scripted-broken", tag=tag))
+    limits = d / "competition.toml"
+    limits.write_text((ROOT / "competition.toml").read_text().replace("level_extra = 300", "level_extra = 1.5"))
+    return {"pin": pin, "dataset": tiny_dataset(d / "tiny.json"), "tag": tag, "limits": limits}
+
+
+def _tagged(tag: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if tag.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _command(inputs, out: Path, patch: Path, *extra: str, template: str = "scripted") -> list[str]:
+    return [sys.executable, "-m", "pipeline", "serving", "evaluate", str(patch), "--launch", template,
+            "--pin", str(inputs["pin"]), "--dataset", str(inputs["dataset"]), "--json", str(out), *WINDOW, *extra]
+
+
+def _finish(inputs, out: Path, done) -> tuple[int, dict | None, str]:
+    doc = result.read(out) if out.exists() else None  # validated against the schema
+    return done.returncode, doc, done.stderr
+
+
+def evaluate(inputs, tmp_path, patch: Path, *extra: str, template: str = "scripted"):
+    out = tmp_path / "result.json"
+    done = subprocess.run(_command(inputs, out, patch, *extra, template=template), cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert _tagged(inputs["tag"]) == [], "a server of the evaluation outlived it"
+    return _finish(inputs, out, done)
+
+
+def write_patch(scratch, tmp_path, script: dict | None = None) -> Path:
+    """A patch the gate accepts: a comment in an allowed file, and the candidate server's script when given."""
+    s = scratch(ACT)
+    s.append(ACT, "# tuned for the H200\n")
+    if script is not None:
+        s.write(SCRIPT, json.dumps(script) + "\n")
+    path = tmp_path / "patch.diff"
+    path.write_bytes(s.diff())
+    return path
+
+
+def _score(doc):
+    return doc["serving"]["score"]
+
+
+# ---- the score's direction ----
+
+def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_path):
+    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path))
+    assert rc == 0, err[-3000:]
+    s = _score(doc)
+    assert doc["status"] == "passed" and s["G"] == 1 and doc["serving"]["gate"]["reasons"] == []
+    assert 1 - s["eps"] <= s["S"] <= 1 + s["eps"], s
+    assert doc["serving"]["order"] == ["baseline", "candidate", "candidate", "baseline"]
+    levels = doc["serving"]["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 4]
+    # every block's run kept with its place in B C C B
+    assert sorted(r["block"] for r in levels[0]["baseline"]["runs"]) == [0, 3]
+    assert sorted(r["block"] for r in levels[0]["candidate"]["runs"]) == [1, 2]
+    gate = doc["serving"]["gate"]
+    assert gate["canary"]["candidate"] == gate["canary"]["baseline"] == 1.0 and gate["canary"]["turns"] >= 2
+    assert gate["gsm8k"]["questions"] == 2
+    env = doc["environment"]["sandbox"]
+    assert set(env) == {"baseline", "candidate"}
+    if os.geteuid() == 0:
+        assert all(d["isolation"] == "namespaces" and d["network"] == "own loopback up" for d in env.values())
+    assert set(doc["serving"]["engine"]["launch_s"]) >= {"baseline", "candidate", "block_1_baseline", "block_4_baseline"}
+    for line in ("block 1/4 (baseline): ready in", "block 2/4 (candidate) c = 4, run 1/1: T_c",
+                 "block 3/4 (candidate): GSM8K 5-shot", "block 4/4 (baseline): stopped"):
+        assert line in err
+
+
+def test_a_slowed_candidate_scores_below_one_and_a_slowed_baseline_above(inputs, scratch, tmp_path):
+    # the two evaluations at once (their servers mostly sleep between chunks): the margins are wide, a
+    # 12 ms delay per chunk against 3 ms per token
+    patch = write_patch(scratch, tmp_path)
+    outs = {side: tmp_path / f"{side}.json" for side in ("candidate", "baseline")}
+    procs = {side: subprocess.Popen(_command(inputs, out, patch, f"--delay-ms-{side}", "12"), cwd=ROOT,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for side, out in outs.items()}
+    done = {}
+    for side, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        done[side] = _finish(inputs, outs[side], subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    assert _tagged(inputs["tag"]) == [], "a server of the evaluation outlived it"
+    rc, doc, err = done["candidate"]
+    assert rc == 0, err[-3000:]
+    s = _score(doc)
+    assert s["S"] < 1 - s["eps"] and s["G"] == 1, s
+    assert all(r < 1 for r in s["ratios"].values()), s["ratios"]
+    assert any(f["code"] == "delay_knob" for f in doc["flags"])
+    rc, doc, err = done["baseline"]
+    assert rc == 0, err[-3000:]
+    s = _score(doc)
+    assert s["S"] > 1 + s["eps"] and s["G"] == 1, s
+    assert all(r > 1 for r in s["ratios"].values()), s["ratios"]
+
+
+# ---- the gate ----
+
+def test_a_candidate_whose_canaries_disagree_is_gated(inputs, scratch, tmp_path):
+    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path, {"words_offset": 5}))
+    assert rc == 1, err[-3000:]
+    assert doc["status"] == "incorrect" and doc["score"] is None and _score(doc)["S"] == 0
+    gate = doc["serving"]["gate"]
+    assert gate["canary"]["baseline"] == 1.0 and gate["canary"]["candidate"] < 0.5
+    assert "canary agreement" in doc["error"]["message"]
+
+
+def test_a_refused_patch_is_never_launched(inputs, scratch, tmp_path):
+    s = scratch("python/sglang/srt/layers/sampler.py")
+    s.append("python/sglang/srt/layers/sampler.py", "# faster sampling\n")
+    patch = tmp_path / "patch.diff"
+    patch.write_bytes(s.diff())
+    rc, doc, err = evaluate(inputs, tmp_path, patch)
+    assert rc == 1 and doc["status"] == "rejected", err[-2000:]
+    assert "launched" not in err
+    assert doc["error"]["where"] == {"file": "python/sglang/srt/layers/sampler.py", "line": 1}
+    assert "sampling semantics" in doc["error"]["message"] and doc["serving"]["patch_gate"]["accepted"] is False
+    assert doc["serving"]["levels"] == [] and doc["serving"]["score"] is None and doc["score"] is None
+
+
+# ---- failures: a status, a message, the log's tail; never a hang, never a score ----
+
+def test_a_candidate_that_fails_to_launch_is_a_runtime_error(inputs, scratch, tmp_path):
+    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path, {"exit_at_start": 3}))
+    assert rc == 1, err[-3000:]
+    assert doc["status"] == "runtime_error" and doc["score"] is None and doc["serving"]["levels"] == []
+    message = doc["error"]["message"]
+    assert "block 2/4 (candidate)" in message and "exit code 3" in message and "read the log below" in message
+    assert "exiting before it listens" in doc["error"]["log_tail"]
+    assert "block 1/4 (baseline) c = 4, run 1/1" in err  # the baseline's block ran first, whole
+
+
+def test_a_candidate_that_dies_mid_level_is_a_runtime_error(inputs, scratch, tmp_path):
+    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path, {"die_after": 12}))
+    assert rc == 1, err[-3000:]
+    assert doc["status"] == "runtime_error", doc["error"]
+    message = doc["error"]["message"]
+    assert "block 2/4 (candidate), c = 1, run 1/1" in message and "exit code 70" in message, message
+    assert "dying at request 13" in doc["error"]["log_tail"]
+
+
+def test_a_level_past_its_wall_clock_is_a_timeout(inputs, scratch, tmp_path):
+    # the candidate stops answering its cache flush: the level's replay cannot start, and its wall clock
+    # (warm-up + window + [limits.serving] level_extra, 1.5 s here) ends it
+    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path, {"flush_hang_s": 120}),
+                            "--limits", str(inputs["limits"]))
+    assert rc == 1, err[-3000:]
+    assert doc["status"] == "timeout"
+    assert "block 2/4 (candidate), c = 1, run 1/1" in doc["error"]["message"]
+    assert "took more than 1.95 s" in doc["error"]["message"]
+
+
+def test_the_baseline_failing_is_the_harness_s_fault_and_writes_nothing(inputs, scratch, tmp_path):
+    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path), template="scripted-broken")
+    assert rc == 3 and doc is None, err[-3000:]
+    assert "no result was written" in err and "block 1/4 (baseline)" in err and "exiting before it listens" in err
+
+
+# ---- bad input: exit 2, nothing written, nothing launched ----
+
+@pytest.mark.parametrize("args, message", [
+    (["--launch", "nope"], "no launch template 'nope'"),
+    (["--launch", "scripted", "--official"], "refusing an official evaluation"),
+    (["--launch", "scripted", "--delay-ms-candidate", "-1"], "must not be negative"),
+    (["--launch", "scripted", "--runs", "0"], "--runs 0"),
+])
+def test_bad_input_is_a_usage_error(inputs, scratch, tmp_path, args, message):
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "pipeline", "serving", "evaluate", str(write_patch(scratch, tmp_path)),
+           "--pin", str(inputs["pin"]), "--dataset", str(inputs["dataset"]), "--json", str(out), *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert not out.exists() and "launched" not in done.stderr
+
+
+def test_no_dataset_is_a_usage_error(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_SERVING_DATASET"}
+    (tmp_path / "p.diff").write_text("")
+    done = subprocess.run([sys.executable, "-m", "pipeline", "serving", "evaluate", str(tmp_path / "p.diff"),
+                           "--launch", "sglang", "--json", str(tmp_path / "r.json")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "$PIPELINE_SERVING_DATASET" in done.stderr
+
+
+def test_an_official_run_measures_the_plan_and_the_hidden_set_only(inputs, tmp_path):
+    from pipeline.serving import evaluate as ev
+
+    plan = ev.load_plan()
+    assert plan.levels == (1, 4, 16, 32) and plan.runs == 3 and plan.window(1) == 300 and plan.window(4) == 600
+    meta = {"corpus": "hidden", "generator_version": "1", "shape": "agentic",
+            "tokenizer_sha256": json.loads(ev.HIDDEN_SUMMARY.read_text())["tokenizer_sha256"]}
+    assert "recorded nowhere" in ev.check_official_dataset(meta, "a" * 64, environ={})
+    assert "not the runner's hidden set" in ev.check_official_dataset(meta, "a" * 64, environ={ev.DATASET_SHA_ENV: "b" * 64})
+    assert ev.check_official_dataset(meta, "a" * 64, environ={ev.DATASET_SHA_ENV: "a" * 64}) is None
+    assert "corpus" in ev.check_official_dataset({**meta, "corpus": "public"}, "a" * 64,
+                                                 environ={ev.DATASET_SHA_ENV: "a" * 64})
