@@ -69,6 +69,8 @@ for what in "$@"; do
     baselines) step baselines 560 python3 benchmarks/official_eval.py --as-baseline \
                  --problem muse_moe_w4a16 --problem muse_decode_layer --problem muse_prefill_layer --seeds 2 \
                  --timeout 180 --json "$OUT/baselines.json" ;;
+    baselines-moe) step baselines-moe 180 python3 benchmarks/official_eval.py --as-baseline --problem muse_moe_w4a16 \
+                     --seeds 2 --timeout 170 --json "$OUT/baselines-moe.json" ;;
     # Wall time of an official evaluation (8 seeds, every shape) of the two problems above.
     walltime) step walltime 500 python3 benchmarks/official_eval.py --as-baseline --problem muse_bf16_proj \
                 --problem muse_moe_w4a16 --timeout 240 --json "$OUT/walltime.json" ;;

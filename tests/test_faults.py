@@ -49,6 +49,10 @@ ISOLATED, NOT_ISOLATED_WHY = sandbox.availability()
 CPU = {"device": "cpu", "model": "smoke"}
 # The honest evaluation after each fault: one workload timed (each costs seconds on the CPU).
 HONEST = {"seeds": 1, "timing": True, "shapes": ["M1"]}
+# On the GPU the honest run is scored as the band was measured (every shape, the official seed count):
+# one seed of M1 alone strayed 0.5% from the clean run's score after faults and without (0.995-1.001 on
+# the H200, the clean run 0.999), five times the band of the whole score.
+HONEST_GPU = {"seeds": PROJ.official_seeds, "timing": True}
 # A fault needs one shape and one call to show itself; short limits where it hangs.
 FAULT = {"seeds": 1, "timing": False, "shapes": ["M1"]}
 HANGS = Limits(compile=60, first_call=2, call=2, total=120)
@@ -149,12 +153,26 @@ def clean_cpu() -> dict:
     return doc
 
 
+CLEAN_GPU_RUNS = 3
+
+
 @pytest.fixture(scope="module")
 def clean_gpu() -> dict:
-    doc = evaluate(TEMPLATE, PROJ, Options(device="cuda", **HONEST))
-    assert doc["status"] == "passed", message(doc)
-    MEASURED["clean run (cuda)"] = {"median_us": m1_median(doc), "speedup": doc["score"]["speedup"]}
-    return doc
+    """CLEAN_GPU_RUNS honest runs before any fault: their median score is what a run after a fault is
+    compared with, and their spread (the largest distance of one from that median) is how far an honest
+    score strays on this GPU when nothing is wrong, measured in this session rather than assumed."""
+    docs = []
+    for _ in range(CLEAN_GPU_RUNS):
+        doc = evaluate(TEMPLATE, PROJ, Options(device="cuda", **HONEST_GPU))
+        assert doc["status"] == "passed", message(doc)
+        docs.append(doc)
+    scores = sorted(d["score"]["speedup"] for d in docs)
+    mid = scores[len(scores) // 2]
+    doc = next(d for d in docs if d["score"]["speedup"] == mid)
+    spread = max(abs(x / mid - 1) for x in scores)
+    MEASURED["clean runs (cuda)"] = {"median_us": m1_median(doc), "speedup": mid, "spread": spread,
+                                     "scores": " ".join(f"{x:.4f}" for x in scores)}
+    return {**doc, "clean_spread": spread}
 
 
 @pytest.fixture(scope="module")
@@ -317,16 +335,21 @@ def test_a_gpu_fault_fails_alone_and_the_gpu_comes_back(row, clean_gpu, known_gp
     doc, fault_s = _run_fault(row, tmp_path, {"device": "cuda"})
     recovery_s, verdict = until_healthy("cuda", known_gpu_processes)
     assert verdict["healthy"], verdict["reasons"]
-    honest = evaluate(TEMPLATE, PROJ, Options(device="cuda", **HONEST))
+    honest = evaluate(TEMPLATE, PROJ, Options(device="cuda", **HONEST_GPU))
     assert honest["status"] == "passed", message(honest)
     band = PROJ.run_to_run
     score = honest["score"]["speedup"] / clean_gpu["score"]["speedup"]
     ratio = m1_median(honest) / m1_median(clean_gpu)
     MEASURED[row.name] = {"fault_s": fault_s, "recovery_s": recovery_s, "score/clean": score, "honest/clean": ratio}
     # The band is measured on scores (the baseline against itself, docs/BENCHMARKS.md "Run to run"): each
-    # of the two runs may stray by it from the truth. A median alone moves more from process to process
-    # (where its graph's memory lands: 0.2-0.4%, up to 3.9% at M=1), so it is held to that spread.
-    assert abs(score - 1) <= 2 * band, f"after {row.name} the score is {score:.4f}x the clean run's (band {band})"
+    # of the two runs may stray by it from the truth; or by the clean runs' own spread in this session
+    # where that is wider (the template is not the baseline's code, and this process holds a CUDA context
+    # of its own beside the workers: 0.997-1.001 over five runs on the H200). A median alone moves more
+    # from process to process (where its graph's memory lands: 0.2-0.4%, up to 3.9% at M=1), so it is
+    # held to that spread.
+    allowed = 2 * max(band, clean_gpu["clean_spread"])
+    assert abs(score - 1) <= allowed, (f"after {row.name} the score is {score:.4f}x the clean runs' (band {band}, "
+                                       f"clean spread {clean_gpu['clean_spread']:.4f})")
     assert abs(ratio - 1) <= 0.05, f"after {row.name} the M1 median is {ratio:.4f}x the clean run's"
 
 

@@ -354,13 +354,31 @@ def test_rope_with_the_cache_write_is_the_composition():
     got_q = ops.rope_and_cache(qkv, pos, req, block_table, kc, vc, 1e6, Hq)
     q, k, v = layer._split_qkv(qkv, Hq, Hkv, D)
     cos, sin = layer.rope_cos_sin(pos, D, 1e6, torch.float32)
-    assert torch.equal(got_q, layer.rope_neox(q.float(), cos, sin).to(torch.bfloat16))
+    _same_rounding(got_q, layer.rope_neox(q.float(), cos, sin).to(torch.bfloat16))
     slots = layer.cache_slots(block_table, req, pos, page)
     want_k = torch.zeros_like(kc)
     want_k.view(-1, Hkv, D)[slots] = layer.rope_neox(k.float(), cos, sin).to(torch.bfloat16)
     want_v = torch.zeros_like(vc)
     want_v.view(-1, Hkv, D)[slots] = v
-    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    _same_rounding(kc, want_k)
+    assert torch.equal(vc, want_v)
+
+
+def _same_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit for bit in the interpreter; on a GPU the compiler contracts t1*c - t2*s into one fused multiply-
+    add (one fp32 rounding instead of two), which flips a bf16 rounding now and then: one bf16 step there,
+    at a few elements. Where t1*c and t2*s nearly cancel, the two fp32 roundings differ by ~2^-24 of the
+    terms (inputs ~1), many steps of a tiny result: an absolute 1e-6 there."""
+    if not got.is_cuda:
+        assert torch.equal(got, want)
+        return
+    step = (want.float().abs() * 2**-7).clamp_min(1e-6)
+    diff = (got.float() - want.float()).abs()
+    worst = int((diff / step).argmax())
+    assert (diff <= step).all(), (f"{int((diff > step).sum())} of {diff.numel()} elements beyond one bf16 step; the "
+                                  f"worst at flat index {worst} of shape {tuple(got.shape)}: {got.flatten()[worst].item()!r} "
+                                  f"against {want.flatten()[worst].item()!r}")
+    assert (got != want).float().mean() < 0.01
 
 
 def test_the_fused_routing_picks_the_compositions_experts():

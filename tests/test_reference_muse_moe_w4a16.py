@@ -13,6 +13,9 @@ from pipeline.kernel.evaluate import Options, evaluate
 from pipeline.problems import Shape, load_problem
 
 PROBLEM = load_problem("muse_moe_w4a16")
+# The smoke-model checks of the fused path run its kernels on the GPU where there is one (the interpreter is
+# off there), else interpreted on the CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ref = PROBLEM.reference
 
 
@@ -313,7 +316,7 @@ def test_the_fused_baseline_is_right_with_margin_on_the_smoke_model(name, scheme
     every tolerance (a baseline must pass every shape with margin: kernel-track.md), in both of its
     schemes (exact weights scaled after each group's dot; weights rounded to bf16 before it)."""
     fm = _fused()
-    inputs = ref.make_inputs(PROBLEM.shape(name, "smoke"), 5, "cpu")
+    inputs = ref.make_inputs(PROBLEM.shape(name, "smoke"), 5, DEVICE)
     config = {**fm.config_for(inputs["x"].shape[0]), "SCHEME": scheme}
     got = fm.fused_moe(*(inputs[k] for k in ref._KEYS), config=config)
     tol = PROBLEM.tolerances["output"]
@@ -328,7 +331,7 @@ def test_the_split_k_paths_are_right_on_the_smoke_model(name, split_up, split_do
     """Split-K (the gate/up or the down GEMM's K shared by several programs, fp32 parts added in a fixed
     order afterwards): within a third of every tolerance, as the unsplit path."""
     fm = _fused()
-    inputs = ref.make_inputs(PROBLEM.shape(name, "smoke"), 6, "cpu")
+    inputs = ref.make_inputs(PROBLEM.shape(name, "smoke"), 6, DEVICE)
     config = {**fm.config_for(inputs["x"].shape[0]), "SPLIT_UP": split_up, "SPLIT_DOWN": split_down}
     got = fm.fused_moe(*(inputs[k] for k in ref._KEYS), config=config)
     tol = PROBLEM.tolerances["output"]
@@ -339,7 +342,7 @@ def test_the_split_k_paths_are_right_on_the_smoke_model(name, split_up, split_do
 
 def test_a_split_that_does_not_divide_the_groups_is_refused():
     fm = _fused()
-    inputs = ref.make_inputs(PROBLEM.shape("M1", "smoke"), 6, "cpu")
+    inputs = ref.make_inputs(PROBLEM.shape("M1", "smoke"), 6, DEVICE)
     with pytest.raises(ValueError, match="SPLIT_UP = 3 must divide the 4 quantisation groups"):
         fm.fused_moe(*(inputs[k] for k in ref._KEYS), config={**fm.config_for(1), "SPLIT_UP": 3})
 
