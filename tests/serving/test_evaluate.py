@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pin_with, scripted_template, tiny_dataset
+from conftest import Scratch, pin_with, scripted_template, tiny_dataset
 from pipeline import result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,10 +137,46 @@ def test_a_slowed_candidate_scores_below_one_and_a_slowed_baseline_above(inputs,
     assert all(r > 1 for r in s["ratios"].values()), s["ratios"]
 
 
-# ---- the gate ----
+# ---- the gate and the failures: a status, a message, the log's tail; never a hang, never a score ----
+# Five evaluations at once (their servers sleep between chunks, or fail, or hang): each test reads its own.
 
-def test_a_candidate_whose_canaries_disagree_is_gated(inputs, scratch, tmp_path):
-    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path, {"words_offset": 5}))
+FAILING = {
+    # name: (the candidate server's script from the patch, extra arguments, template)
+    "canaries": ({"words_offset": 5}, (), "scripted"),
+    "launch": ({"exit_at_start": 3}, (), "scripted"),
+    "dies": ({"die_after": 12}, (), "scripted"),
+    # the candidate stops answering its cache flush: the level's replay cannot start, and its wall clock
+    # (warm-up + window + [limits.serving] level_extra, 1.5 s here) ends it
+    "hangs": ({"flush_hang_s": 120}, ("--limits",), "scripted"),
+    "baseline": (None, (), "scripted-broken"),
+}
+
+
+@pytest.fixture(scope="module")
+def failing(inputs, sglang_tree, tmp_path_factory):
+    procs = {}
+    for name, (script, extra, template) in FAILING.items():
+        d = tmp_path_factory.mktemp(f"failing-{name}")
+        s = Scratch(d / "clone", sglang_tree, (ACT,))
+        s.append(ACT, "# tuned for the H200\n")
+        if script is not None:
+            s.write(SCRIPT, json.dumps(script) + "\n")
+        patch = d / "patch.diff"
+        patch.write_bytes(s.diff())
+        args = ["--limits", str(inputs["limits"])] if "--limits" in extra else []
+        out = d / "result.json"
+        procs[name] = (out, subprocess.Popen(_command(inputs, out, patch, *args, template=template), cwd=ROOT,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    got = {}
+    for name, (out, proc) in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        got[name] = _finish(inputs, out, subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    assert _tagged(inputs["tag"]) == [], "a server of the evaluation outlived it"
+    return got
+
+
+def test_a_candidate_whose_canaries_disagree_is_gated(failing):
+    rc, doc, err = failing["canaries"]
     assert rc == 1, err[-3000:]
     assert doc["status"] == "incorrect" and doc["score"] is None and _score(doc)["S"] == 0
     gate = doc["serving"]["gate"]
@@ -161,10 +197,8 @@ def test_a_refused_patch_is_never_launched(inputs, scratch, tmp_path):
     assert doc["serving"]["levels"] == [] and doc["serving"]["score"] is None and doc["score"] is None
 
 
-# ---- failures: a status, a message, the log's tail; never a hang, never a score ----
-
-def test_a_candidate_that_fails_to_launch_is_a_runtime_error(inputs, scratch, tmp_path):
-    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path, {"exit_at_start": 3}))
+def test_a_candidate_that_fails_to_launch_is_a_runtime_error(failing):
+    rc, doc, err = failing["launch"]
     assert rc == 1, err[-3000:]
     assert doc["status"] == "runtime_error" and doc["score"] is None and doc["serving"]["levels"] == []
     message = doc["error"]["message"]
@@ -173,8 +207,8 @@ def test_a_candidate_that_fails_to_launch_is_a_runtime_error(inputs, scratch, tm
     assert "block 1/4 (baseline) c = 4, run 1/1" in err  # the baseline's block ran first, whole
 
 
-def test_a_candidate_that_dies_mid_level_is_a_runtime_error(inputs, scratch, tmp_path):
-    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path, {"die_after": 12}))
+def test_a_candidate_that_dies_mid_level_is_a_runtime_error(failing):
+    rc, doc, err = failing["dies"]
     assert rc == 1, err[-3000:]
     assert doc["status"] == "runtime_error", doc["error"]
     message = doc["error"]["message"]
@@ -182,19 +216,16 @@ def test_a_candidate_that_dies_mid_level_is_a_runtime_error(inputs, scratch, tmp
     assert "dying at request 13" in doc["error"]["log_tail"]
 
 
-def test_a_level_past_its_wall_clock_is_a_timeout(inputs, scratch, tmp_path):
-    # the candidate stops answering its cache flush: the level's replay cannot start, and its wall clock
-    # (warm-up + window + [limits.serving] level_extra, 1.5 s here) ends it
-    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path, {"flush_hang_s": 120}),
-                            "--limits", str(inputs["limits"]))
+def test_a_level_past_its_wall_clock_is_a_timeout(failing):
+    rc, doc, err = failing["hangs"]
     assert rc == 1, err[-3000:]
     assert doc["status"] == "timeout"
     assert "block 2/4 (candidate), c = 1, run 1/1" in doc["error"]["message"]
     assert "took more than 1.95 s" in doc["error"]["message"]
 
 
-def test_the_baseline_failing_is_the_harness_s_fault_and_writes_nothing(inputs, scratch, tmp_path):
-    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path), template="scripted-broken")
+def test_the_baseline_failing_is_the_harness_s_fault_and_writes_nothing(failing):
+    rc, doc, err = failing["baseline"]
     assert rc == 3 and doc is None, err[-3000:]
     assert "no result was written" in err and "block 1/4 (baseline)" in err and "exiting before it listens" in err
 
@@ -237,3 +268,39 @@ def test_an_official_run_measures_the_plan_and_the_hidden_set_only(inputs, tmp_p
     assert ev.check_official_dataset(meta, "a" * 64, environ={ev.DATASET_SHA_ENV: "a" * 64}) is None
     assert "corpus" in ev.check_official_dataset({**meta, "corpus": "public"}, "a" * 64,
                                                  environ={ev.DATASET_SHA_ENV: "a" * 64})
+
+
+# ---- the real engine: `transformers serve` with SmolLM2-135M on the CPU, the shipped template ----
+
+@pytest.mark.slow
+def test_evaluate_against_transformers_serve(smollm2_checkpoint, scratch, tmp_path):
+    """The whole evaluation through the real command against a real engine: the pin's transformers-cpu
+    template, four launches of `transformers serve --continuous-batching` in their sandboxes (each waited
+    for, warmed up and stopped), c = 1 and 4 with windows of a few seconds, one GSM8K question per side. On
+    two shared cores the figures are noise; what must hold is the flow and the document."""
+    dataset = tiny_dataset(tmp_path / "tiny.json", conversations=6, turns=3, max_tokens=3,
+                           canaries=(0, 1, 2, 3, 4, 5))  # every turn a canary: a few seconds hold some
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PIPELINE_SERVING_MODEL": str(smollm2_checkpoint), "OMP_NUM_THREADS": "2"}
+    cmd = [sys.executable, "-m", "pipeline", "serving", "evaluate", str(write_patch(scratch, tmp_path)),
+           "--launch", "transformers-cpu", "--dataset", str(dataset), "--json", str(out), "--levels", "1,4",
+           "--window-s", "3.5", "--warmup-s", "0.5", "--runs", "1", "--gsm8k-questions", "1", "--gsm8k-max-tokens", "4"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode in (0, 1) and out.exists(), done.stderr[-5000:]
+    doc = result.read(out)
+    assert (done.returncode == 0) == (doc["status"] in ("passed", "needs_review")), doc["status"]
+    assert doc["status"] in ("passed", "incorrect"), doc["error"]  # G may fall on a canary flip: noise, not flow
+    serving = doc["serving"]
+    assert serving["engine"]["name"] == "transformers" and serving["engine"]["gpus"] == 1
+    assert [lv["concurrency"] for lv in serving["levels"]] == [1, 4]
+    for lv in serving["levels"]:
+        for side in ("baseline", "candidate"):
+            assert lv[side]["T"] > 0 and lv[side]["runs"] and lv[side]["valid"], (lv["concurrency"], side, lv[side])
+    gate = serving["gate"]
+    assert gate["gsm8k"]["questions"] == 1 and gate["canary"]["turns"] >= 1
+    assert 0 < serving["score"]["S_ungated"] <= 4
+    if os.geteuid() == 0:
+        assert all(d["isolation"] == "namespaces" for d in doc["environment"]["sandbox"].values())
+    assert set(serving["engine"]["launch_s"]) >= {"baseline", "candidate"}
+    assert done.stderr.count("): stopped") == 4
+    print(f"S = {serving['score']['S']:.3f}, eps {serving['score']['eps']:.3f}, launch {serving['engine']['launch_s']}")
