@@ -122,7 +122,13 @@ def evaluate(args: argparse.Namespace) -> int:
         if why:
             return _usage(f"refusing an official evaluation: {why}")
     from pipeline.kernel.evaluate import BaselineFailure
+    from pipeline.kernel.toolchains import RunnerConfigError, image_digest
 
+    try:
+        image_digest()  # the runner's statement of its image, checked before anything runs
+    except RunnerConfigError as exc:
+        print(f"error: the runner is misconfigured, and no result was written: {exc}", file=sys.stderr)
+        return HARNESS_ERROR
     try:
         doc = run_evaluation(args.submission, problem, options)
     except BaselineFailure as exc:

@@ -36,6 +36,7 @@ from pipeline import result as result_schema
 from pipeline import sandbox
 from pipeline.kernel import seeds as seedlib
 from pipeline.kernel import timing
+from pipeline.kernel import toolchains
 from pipeline.kernel import transport
 from pipeline.kernel.check import compare
 from pipeline.problems import Problem, Shape, baseline_identity, geomean
@@ -156,7 +157,7 @@ class WorkerTimeout(TimeoutError):
 
 # What a worker was doing when it failed, by the request's op: the "where" of a fault's message.
 PHASES = {
-    "load": "importing the submission",
+    "load": "importing the submission (with whatever it builds as it is imported: load_inline, ...)",
     "call": "a call of custom_kernel",
     "bench_prepare": "warming up custom_kernel and capturing a trial CUDA graph of it",
     "bench_capture": "capturing the timed CUDA graphs",
@@ -201,8 +202,9 @@ class Child:
         out_r, out_w = os.pipe()
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
         scratch = sandbox.SCRATCH_TOKEN  # the sandbox puts the path of the worker's own writable folder here
-        env.update(HOME=scratch, TMPDIR=scratch, TRITON_CACHE_DIR=f"{scratch}/triton-cache",
-                   TORCH_EXTENSIONS_DIR=f"{scratch}/torch-extensions", PYTHONDONTWRITEBYTECODE="1")
+        # Builds (load_inline, Triton, FlashInfer's JIT) and their caches live in the scratch; the
+        # interpreter's bin folder (a venv's ninja) and the CUDA toolkit are where the worker finds them.
+        env.update(HOME=scratch, TMPDIR=scratch, PYTHONDONTWRITEBYTECODE="1", **toolchains.build_env(scratch))
         # Idle OpenMP threads sleep instead of spinning: two workers take turns on the CPU, and one's
         # spinning pool would otherwise eat into the other's timed block.
         env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -329,7 +331,9 @@ def environment(device: str) -> dict[str, Any]:
         "platform": platform.platform(),
         "torch": torch.__version__,
         "harness_commit": _harness_commit(),
-        "image_digest": os.environ.get("PIPELINE_IMAGE_DIGEST"),
+        # The runner's own statement (runner/README.md), from the evaluator's environment: no submission reaches it.
+        "image_digest": toolchains.image_digest(),
+        "toolchains": json.loads(json.dumps(toolchains.probe())),  # a copy: the probe is cached per process
     }
     try:
         import triton
@@ -551,6 +555,10 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             opts.progress(f"{time.monotonic() - t_start:6.1f} s  {line}")
 
     def fail(status: str, reply: dict[str, Any]) -> None:
+        if status in WORKER_STATUSES:
+            # A missing toolchain or a failed build, told in the competitor's terms (what the runner has).
+            told = toolchains.explain(reply, doc["environment"]["toolchains"])
+            reply, status = told, worker_status(told, status)
         doc["status"] = status
         doc["error"] = {
             "message": reply.get("error") or status,

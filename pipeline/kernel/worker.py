@@ -16,6 +16,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import socket
 import statistics
 import sys
@@ -28,7 +29,7 @@ if __package__ in (None, ""):
 
 import torch  # noqa: E402
 
-from pipeline.kernel import timing  # noqa: E402
+from pipeline.kernel import timing, toolchains  # noqa: E402
 from pipeline.kernel.transport import Mappings, write_output  # noqa: E402
 
 TAIL_LINES = 40
@@ -51,19 +52,33 @@ def _error(status: str, exc: BaseException, path: str) -> dict:
     if where is None and isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == path:
         where = {"file": Path(path).name, "line": exc.lineno, "function": "<module>", "code": (exc.text or "").strip()}
     message = f"{type(exc).__name__}: {exc}"
-    return {
+    reply = {
         "ok": False,
         "status": status,
         "error": message[:2000],
         "where": where,
         "traceback": "\n".join(text.splitlines()[-TAIL_LINES:]),
     }
+    if toolchains.is_build_failure(str(exc)):
+        # ninja's whole output is in the exception's text: its first error (and the submission's line it
+        # comes from) for the message, its tail for the log, which the parent reads from this output.
+        build = toolchains.build_failure(str(exc), path)
+        reply["build"] = build
+        head = re.match(r"Error building extension '[^']*'", str(exc))
+        reply["error"] = f"{type(exc).__name__}: {head.group(0) if head else str(exc).splitlines()[0][:200]}"
+        frames = "".join(traceback.format_list(tb)) + reply["error"]
+        reply["traceback"] = "\n".join(frames.splitlines()[-TAIL_LINES:])
+        print(f"---- the build's log (tail) ----\n{build['log_tail']}", file=sys.stderr, flush=True)
+    return reply
 
 
 def _is_compile_failure(exc: BaseException) -> bool:
     # Triton compiles at the first call; a kernel that does not compile is a compile error, not a crash.
+    # So is an extension built at the first call (load_inline) that does not build, and a toolchain
+    # imported there that the runner lacks.
     names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources"})
+    return bool(names & {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources", "ModuleNotFoundError"}) \
+        or toolchains.is_build_failure(str(exc))
 
 
 _CUDART: list = []
