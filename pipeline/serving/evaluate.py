@@ -298,6 +298,10 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         tokenizer, tok_facts = launch.counting_tokenizer(template, model)
     except replay.ReplayError as exc:
         raise UsageError(f"the tokenizer output is counted with: {exc}") from None
+    from pipeline.serving import gsm8k
+
+    if plan.gsm8k_questions > gsm8k.TEST_QUESTIONS:
+        raise UsageError(f"--gsm8k-questions {plan.gsm8k_questions}: the GSM8K test split has {gsm8k.TEST_QUESTIONS}")
     for side, ms in inputs.delay_ms.items():
         if ms and template.slowdown is None:
             raise UsageError(f"--delay-ms-{side}: the template {template.name!r} has no `slowdown`, so nothing can slow it")
@@ -684,6 +688,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
     except HarnessFailure as exc:
         print(f"error: the evaluation could not be completed, and no result was written: {exc}", file=sys.stderr)
         return EXIT_HARNESS
+    except KeyboardInterrupt:
+        print("interrupted: every server of the evaluation was stopped; no result was written", file=sys.stderr)
+        return 130
     except Exception:  # noqa: BLE001 - a fault of the harness itself: every server was stopped on the way out
         import traceback
 

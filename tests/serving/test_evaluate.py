@@ -87,11 +87,17 @@ def _score(doc):
 # ---- the score's direction ----
 
 def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_path):
-    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path))
+    records = tmp_path / "records"
+    # windows a little longer than the other tests': this one's claim is about noise
+    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path), "--records", str(records),
+                            "--window-s", "0.7")
     assert rc == 0, err[-3000:]
+    kept = sorted(p.name for p in records.iterdir())
+    assert "block1-baseline-c1-run1.json.gz" in kept and "block3-candidate-gsm8k.json.gz" in kept
+    assert "block4-baseline-server.log" in kept and len(kept) == 4 * 2 + 2 + 4
     s = _score(doc)
     assert doc["status"] == "passed" and s["G"] == 1 and doc["serving"]["gate"]["reasons"] == []
-    assert 1 - s["eps"] <= s["S"] <= 1 + s["eps"], s
+    assert 1 - s["eps"] <= s["S"] <= 1 + s["eps"], (s, [line for line in err.splitlines() if "T_c" in line])
     assert doc["serving"]["order"] == ["baseline", "candidate", "candidate", "baseline"]
     levels = doc["serving"]["levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 4]
@@ -230,6 +236,31 @@ def test_the_baseline_failing_is_the_harness_s_fault_and_writes_nothing(failing)
     assert "no result was written" in err and "block 1/4 (baseline)" in err and "exiting before it listens" in err
 
 
+def test_a_cancelled_evaluation_stops_every_server_and_writes_nothing(inputs, scratch, tmp_path):
+    # SIGTERM is what a runner sends when the job is cancelled; SIGINT is Ctrl-C
+    import signal
+    import time
+
+    patch = write_patch(scratch, tmp_path)
+    outs = {sig: tmp_path / f"{sig.name}.json" for sig in (signal.SIGTERM, signal.SIGINT)}
+    procs = {}
+    for sig, out in outs.items():
+        cmd = _command(inputs, out, patch) + ["--window-s", "60"]
+        procs[sig] = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for sig, proc in procs.items():
+        for line in proc.stderr:
+            if "block 1/4 (baseline): ready in" in line:
+                break
+        time.sleep(0.3)  # inside the first level's replay
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        rest = proc.stderr.read()
+        assert proc.wait(30) == (143 if sig == signal.SIGTERM else 130), rest[-2000:]
+        assert time.monotonic() - t0 < 10 and "block 1/4 (baseline): stopped" in rest
+        assert not outs[sig].exists()
+    assert _tagged(inputs["tag"]) == [], "a server outlived its cancelled evaluation"
+
+
 # ---- bad input: exit 2, nothing written, nothing launched ----
 
 @pytest.mark.parametrize("args, message", [
@@ -261,6 +292,9 @@ def test_an_official_run_measures_the_plan_and_the_hidden_set_only(inputs, tmp_p
 
     plan = ev.load_plan()
     assert plan.levels == (1, 4, 16, 32) and plan.runs == 3 and plan.window(1) == 300 and plan.window(4) == 600
+    # sglang_pin/README.md states the official evaluation's replay time; it is the plan's
+    readme = (ROOT / "sglang_pin" / "README.md").read_text()
+    assert f"the four blocks {plan.measured_s():,.0f} s ({plan.measured_s() / 3600:.1f} h) of replay" in readme
     meta = {"corpus": "hidden", "generator_version": "1", "shape": "agentic",
             "tokenizer_sha256": json.loads(ev.HIDDEN_SUMMARY.read_text())["tokenizer_sha256"]}
     assert "recorded nowhere" in ev.check_official_dataset(meta, "a" * 64, environ={})
@@ -286,6 +320,12 @@ def test_evaluate_against_transformers_serve(smollm2_checkpoint, scratch, tmp_pa
            "--launch", "transformers-cpu", "--dataset", str(dataset), "--json", str(out), "--levels", "1,4",
            "--window-s", "3.5", "--warmup-s", "0.5", "--runs", "1", "--gsm8k-questions", "1", "--gsm8k-max-tokens", "4"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode == 3 and "the unpatched baseline's level is invalid" in done.stderr:
+        # windows of seconds on two shared cores: a burst of another job's load can leave a baseline level
+        # without one whole turn, which the evaluation rightly refuses to score (exit 3); once more
+        print("the baseline's level held no whole turn (a loaded machine); evaluating once more:\n"
+              + done.stderr[-1500:])
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode in (0, 1) and out.exists(), done.stderr[-5000:]
     doc = result.read(out)
     assert (done.returncode == 0) == (doc["status"] in ("passed", "needs_review")), doc["status"]
