@@ -37,7 +37,8 @@ from operator import attrgetter
 from typing import Any, Iterable
 
 from pipeline.competition import Competition, DailyWindow, format_instant, parse_instant
-from pipeline.ledger import latest_markings
+from pipeline.escape import md_heading, md_inline
+from pipeline.ledger import LOGIN_RE, latest_markings
 
 SNAPSHOT_VERSION = 2  # 2: the chain head each snapshot rests on
 # The serving board's columns: the ratio of each scored figure to the baseline's, as a serving result's
@@ -122,9 +123,11 @@ def assign_states(results: list[Entry], marks: list[dict[str, Any]], competition
         mark = latest.get((e.pr, e.head_sha)) if latest else None
         start, end = bounds["serving" if e.board == "serving" else "kernel"]
         if mark is not None and mark["kind"] == "disqualification":
-            e.state, e.why = "disqualified", f"disqualified {mark['at'][:10]} by @{mark['by']}: {mark['reason']}"
+            # `why` is the board's markdown: the organizer's reason and the result's flag codes escaped
+            e.state, e.why = "disqualified", (f"disqualified {mark['at'][:10]} by {_handle(mark['by'])}: "
+                                              f"{_cell(mark['reason'])}")
         elif e.status == "needs_review" and mark is None:
-            e.state, e.why = "under_review", "under review" + (f" ({', '.join(e.flags)})" if e.flags else "")
+            e.state, e.why = "under_review", "under review" + (f" ({', '.join(map(_cell, e.flags))})" if e.flags else "")
         elif e.at < start:
             e.state, e.why = "out_of_window", "accepted before the track opened"
         elif e.at >= end:
@@ -470,7 +473,7 @@ def _snapshot_md(d: Derived, k: int, t: str, head: ChainHead) -> str:
             continue
         lines += ["", f"| rank | competitor | {_score_name(s)} | PR |", "| ---: | --- | ---: | --- |"]
         for r, e in state.rows:
-            lines.append(f"| {r} | @{e.login} | {_score(s, e.speedup)} | #{e.pr} |")
+            lines.append(f"| {r} | {_handle(e.login)} | {_score(s, e.speedup)} | #{int(e.pr)} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -521,7 +524,9 @@ def render_prizes(d: Derived) -> str:
 # ---- leaderboard.md ----
 
 def _cell(text: Any) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|").replace("<", "&lt;")
+    """A table cell of the board: flag codes, the reasons of markings and workload names are text that a
+    result or an organizer wrote, so they go through the one inline rule (pipeline/escape.py)."""
+    return md_inline(text, 300)
 
 
 def _t(at: str) -> str:
@@ -552,11 +557,18 @@ def _day(value: dt.datetime) -> str:
 
 
 def _who(login: str) -> str:
-    return f"[@{login}](https://github.com/{login})"
+    """A competitor's profile link; only a login that is one (the ledger checks it) makes a link."""
+    if LOGIN_RE.fullmatch(login):
+        return f"[@{login}](https://github.com/{login})"
+    return md_inline(login, 60)
+
+
+def _handle(login: str) -> str:
+    return f"@{login}" if LOGIN_RE.fullmatch(login) else md_inline(login, 60)
 
 
 def _pr(repo: str, pr: int) -> str:
-    return f"[#{pr}](https://github.com/{repo}/pull/{pr})"
+    return f"[#{int(pr)}](https://github.com/{repo}/pull/{int(pr)})"
 
 
 def _notes(e: Entry) -> str:
@@ -664,9 +676,9 @@ def _unranked(d: Derived, st: Standing, s: BoardSpec | None = None) -> list[str]
         if serving else ["Not ranked:", "", "| competitor | time (us) | speedup | PR | accepted (UTC) | why |",
                          "| --- | ---: | ---: | --- | --- | --- |"]
     for e in st.unranked:
-        why = e.why + ("" if e.official else "; unofficial (CPU)")
+        why = e.why + ("" if e.official else "; unofficial (CPU)")  # markdown already (assign_states)
         figures = _score(s, e.speedup) if serving else f"{_us(e.time_us)} | {_x(e.speedup)}"
-        out.append(f"| {_who(e.login)} | {figures} | {_pr(d.competition.repository, e.pr)} | {_t(e.at)} | {_cell(why)} |")
+        out.append(f"| {_who(e.login)} | {figures} | {_pr(d.competition.repository, e.pr)} | {_t(e.at)} | {why} |")
     return out + [""]
 
 
@@ -681,11 +693,11 @@ def _first_rank_below_baseline(st: Standing) -> int | None:
 def _kernel_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[str]:
     repo = d.competition.repository
     link = f"problems/{s.problem}/"
-    out = [f"### `{s.problem}`: {_cell(s.title)}", "", f"Problem statement: [{link}]({link}).", ""]
-    head = ["rank", "competitor", "time (us)", "speedup", "95% interval"] + list(s.workloads) + \
+    out = [f"### `{s.problem}`: {md_heading(s.title)}", "", f"Problem statement: [{link}]({link}).", ""]
+    head = ["rank", "competitor", "time (us)", "speedup", "95% interval"] + [_cell(w) for w in s.workloads] + \
         ["PR", "accepted (UTC)", "notes"]
     align = ["---:", "---", "---:", "---:", "---"] + ["---:"] * len(s.workloads) + ["---", "---", "---"]
-    out += ["| " + " | ".join(_cell(h) for h in head) + " |", "| " + " | ".join(align) + " |"]
+    out += ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     bases = sorted(e.baseline_us for _, e in st.rows if e.baseline_us)
     base_us = bases[len(bases) // 2] if bases else None
     baseline = (f"| | baseline (`reference/{s.problem}.py:baseline`) | {_us(base_us)} | 1.000x | | "
@@ -718,7 +730,7 @@ def _serving_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[s
            "(the columns, before clipping): the unpatched SGLang scores 1.000. A result whose correctness gate "
            "failed (G = 0: its canary replies, its GSM8K accuracy or a level's failed turns) scores 0 and, like a "
            "kernel that fails its check, is never recorded.", ""]
-    head = ["rank", "competitor", "score", "95% interval"] + [f"{f[0]} c={f[2:]}" for f in s.workloads] + \
+    head = ["rank", "competitor", "score", "95% interval"] + [_cell(f"{f[0]} c={f[2:]}") for f in s.workloads] + \
         ["PR", "accepted (UTC)", "notes"]
     align = ["---:", "---", "---:", "---"] + ["---:"] * len(s.workloads) + ["---", "---", "---"]
     out += ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]

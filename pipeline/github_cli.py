@@ -22,6 +22,7 @@ from typing import Any
 OK, REFUSED, USAGE = 0, 1, 2
 SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
 MAX_RESULT_BYTES = 16 * 1024 * 1024
+CHECK_SUMMARY_LIMIT = 65_535  # GitHub's limit on a check run's output.summary
 MAX_EVENT_BYTES = 32 * 1024 * 1024
 
 
@@ -532,7 +533,8 @@ def post_result(args: argparse.Namespace) -> int:
     if doc.get("score"):  # a serving score is S, shown without an x as on its board
         title += (f", S = {doc['score']['speedup']:.3f}" if doc.get("serving") else f", {doc['score']['speedup']:.3f}x")
     check_id, _ = gh.upsert_check_run(head, conclusion=CONCLUSIONS[doc["status"]], title=title,
-                                      summary=report.comment_markdown(doc, log_url=log_url, limit=65_535,
+                                      summary=report.comment_markdown(doc, log_url=log_url, rank=standing,
+                                                                      limit=CHECK_SUMMARY_LIMIT,
                                                                       plot_artifact_url=plot),
                                       details_url=log_url)
     print(f"{'posted' if created else 'updated'} comment {comment_id} on #{pull.number} and check run {check_id}: "

@@ -20,6 +20,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pipeline.escape import md_code_block, md_heading, md_inline, terminal as terminal_text, terminal_lines
+
 VERDICT = {
     "passed": "PASSED",
     "incorrect": "INCORRECT",
@@ -103,95 +105,139 @@ def timing_note(doc: dict[str, Any]) -> str | None:
     return "These timings are UNOFFICIAL: public seeds, not the runner's official evaluation."
 
 
+def _term_table(rows: list[list[str]], headers: list[str]) -> str:
+    """A terminal table whose every cell went through escape.terminal (a cell cannot move the cursor)."""
+    return tabulate([[terminal_text(c) for c in r] for r in rows], headers=headers, tablefmt="simple",
+                    disable_numparse=True)
+
+
+def _quoted(text: str, last: int = 15) -> list[str]:
+    """The last lines of a submission's output, each behind `  | ` so that none can pass for a line of
+    ours (a printed `verdict: PASSED`), its control characters shown as escapes."""
+    return ["  | " + line for line in terminal_lines(text)[-last:]]
+
+
 def terminal(doc: dict[str, Any]) -> str:
+    """The result as the evaluator prints it in a terminal or job log; every string that came from a
+    submission or a result file goes through pipeline/escape.py's terminal rule."""
+    t = terminal_text
     mode = doc["mode"]
     lines = [
-        f"{doc['problem']}  {doc['submission']['path']}",
-        f"device {mode['device']}, {mode['model']} model, {mode['seeds']} seeds, timing: {mode['timing']}",
+        f"{t(doc['problem'])}  {t(doc['submission']['path'])}",
+        f"device {t(mode['device'])}, {t(mode['model'])} model, {t(mode['seeds'])} seeds, timing: {t(mode['timing'])}",
         "",
     ]
     if doc["correctness"]:
-        lines.append(tabulate(correctness_rows(doc), headers=CORRECTNESS_HEADERS, tablefmt="simple", disable_numparse=True))
+        lines.append(_term_table(correctness_rows(doc), CORRECTNESS_HEADERS))
         lines.append("")
     if doc.get("serving"):
         lines += serving_terminal(doc)
     elif doc["performance"]:
-        lines.append(tabulate(performance_rows(doc), headers=PERFORMANCE_HEADERS, tablefmt="simple", disable_numparse=True))
+        lines.append(_term_table(performance_rows(doc), PERFORMANCE_HEADERS))
         lines.extend(x for x in (score_line(doc), timing_note(doc)) if x)
         lines.append("")
     if doc["error"]:
         err = doc["error"]
-        lines.append(f"error{' in shape ' + err['shape'] if err.get('shape') else ''}: {err['message']}")
+        lines.append(f"error{' in shape ' + t(err['shape']) if err.get('shape') else ''}: {t(err['message'])}")
         where = err.get("where")
         if where and where.get("line"):
-            lines.append(f"  at {where['file']}:{where['line']} in {where.get('function')}: {where.get('code', '')}")
+            lines.append(f"  at {t(where.get('file'))}:{t(where['line'])} in {t(where.get('function'))}: "
+                         f"{t(where.get('code', ''))}")
         if err.get("traceback"):
             lines.append("traceback (tail):")
-            lines.extend("  " + line for line in err["traceback"].splitlines()[-15:])
+            lines.extend(_quoted(err["traceback"]))
         if err.get("log_tail"):
             lines.append("output of the submission (tail):")
-            lines.extend("  " + line for line in err["log_tail"].splitlines()[-15:])
+            lines.extend(_quoted(err["log_tail"]))
         lines.append("")
     for flag in doc["flags"]:
-        line = f" (line {flag['line']})" if flag.get("line") else ""
-        lines.append(f"flag {flag['code']}{line}: {flag['message']}")
+        line = f" (line {t(flag['line'])})" if flag.get("line") else ""
+        lines.append(f"flag {t(flag['code'])}{line}: {t(flag['message'])}")
     lines.append(f"verdict: {VERDICT[doc['status']]}")
     return "\n".join(lines)
 
 
 # ---- the PR comment ----
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
-_ZWSP = "\u200b"
-_PLAIN_NUMBER = re.compile(r"^[0-9][0-9,.]*( - [0-9][0-9,.]*)?(x|%)?\Z")
+# the first error's message as the comment shows it (the result keeps it whole)
+MAX_ERROR_MESSAGE = 4000
+# failing shape rows kept before the flags are; the rest of the rows come after the logs
+FAILING_ROWS_FIRST = 200
+_NOTE_RESERVE = 600
+
+# The names other stages know; the rules themselves live in pipeline/escape.py.
+md_escape = md_inline
+code_block = md_code_block
 
 
-def md_escape(text: Any, limit: int = 500) -> str:
-    """Untrusted text as inert inline markdown: no formatting, links, images, HTML or mentions."""
-    s = _CONTROL.sub("", str(text)).replace("\r", " ").replace("\n", " ")
-    if _PLAIN_NUMBER.match(s):
-        return s
-    if len(s) > limit:
-        s = s[: limit - 1] + "..."
-    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    s = _MD_SPECIAL.sub(r"\\\1", s)
-    for token in ("@", ":", "#"):  # mentions, autolinked URLs and emoji, issue references
-        s = s.replace(token, token + _ZWSP)
-    s = s.replace("www", "w" + _ZWSP + "ww")
-    return s
+def size(text: str) -> int:
+    """What a text costs against GitHub's limit: its UTF-8 bytes, never fewer than the characters (or the
+    UTF-16 units) that GitHub could be counting."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
-def code_block(text: str, lang: str = "text") -> str:
-    """Untrusted text verbatim in a fence longer than any backtick run inside it."""
-    text = _CONTROL.sub("", text).replace("\r", "")
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}{lang}\n{text}\n{fence}"
+def _lines_size(lines: list[str]) -> int:
+    return sum(size(x) + 1 for x in lines)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
-    return tabulate([[md_escape(c) for c in r] for r in rows], headers=headers, tablefmt="github", disable_numparse=True)
+    """A GFM table, every cell through md_inline (the headers are ours)."""
+    return tabulate([[md_inline(c) for c in r] for r in rows], headers=headers, tablefmt="github",
+                    disable_numparse=True)
+
+
+def _table_lines(headers: list[str], rows: list[list[str]]) -> list[str]:
+    return _table(headers, rows).split("\n") if rows else _table(headers, [[""] * len(headers)]).split("\n")[:2]
+
+
+def _tail_section(title: str, text: str, lang: str, budget: int) -> tuple[list[str], int]:
+    """`title` and the longest tail of `text` (from a line's start) whose code block fits `budget`;
+    ([], 0) when not even a line fits. Returns the lines and how many characters were left out."""
+    if not text:
+        return [], 0
+    lines = [title, "", md_code_block(text, lang), ""]
+    if _lines_size(lines) <= budget:
+        return lines, 0
+    keep = budget
+    for _ in range(64):
+        if keep <= 0:
+            break
+        tail = text[-keep:]
+        newline = tail.find("\n")
+        if 0 <= newline < len(tail) - 1:
+            tail = tail[newline + 1:]
+        lines = [f"{title} (its last {len(tail):,} of {len(text):,} characters)", "", md_code_block(tail, lang), ""]
+        over = _lines_size(lines) - budget
+        if over <= 0:
+            return lines, len(text) - len(tail)
+        keep = min(keep, len(tail)) - max(over, 1)
+    return [], len(text)
 
 
 def comment_markdown(doc: dict[str, Any], *, rank: str | None = None, log_url: str | None = None,
                      limit: int = GITHUB_LIMIT, plot_url: str | None = None,
                      plot_artifact_url: str | None = None) -> str:
-    """The sticky PR comment for a result, always within `limit` characters. A serving result's plot is
-    drawn in the comment as text (`text_plot`); `plot_url`: where its PNG (serving_plot) is hosted, an https
-    URL, shown as an image; else `plot_artifact_url`: the bench run's artifact page holding the PNG,
-    linked; without either the comment names the file."""
+    """The sticky PR comment (and the check run's summary) for a result, always within `limit` (by
+    `size`). A serving result's plot is drawn in the comment as text (`text_plot`); `plot_url`: where its
+    PNG (serving_plot) is hosted, an https URL, shown as an image; else `plot_artifact_url`: the bench
+    run's artifact page holding the PNG, linked; without either the comment names the file.
+
+    Whatever has to go, the comment keeps, in this order: the verdict, the workload (or per-concurrency)
+    table, the score, the would-be rank and the first error. Then, as far as they fit: the failing shape
+    rows, the flags, the traceback's and the log's tails, the passing shape rows; each part that was cut
+    says so and how much, and a note at the end lists what was left out."""
     sub = doc["submission"]
     head = [
         MARKER,
-        f"### {md_escape(doc['problem'])}: {VERDICT[doc['status']]}",
+        f"### {md_heading(doc['problem'])}: {VERDICT[doc['status']]}",
         "",
-        f"Submission {md_escape(sub['path'], 200)}"
-        + (f" by {md_escape(sub['login'], 60)}" if sub.get("login") else "")
-        + (f" at {sub['head_sha'][:12]}" if sub.get("head_sha") else "")
-        + f" (blob {sub['blob_sha'][:12]}).",
-        f"Mode: {doc['mode']['device']}, {doc['mode']['model']} model, {doc['mode']['seeds']} seeds, "
-        f"timing: {md_escape(doc['mode']['timing'])}; baseline: {md_escape(doc['baseline'])}.",
+        f"Submission {md_inline(sub['path'], 200)}"
+        + (f" by {md_inline(sub['login'], 60)}" if sub.get("login") else "")
+        + (f" at {md_inline(sub['head_sha'][:12])}" if sub.get("head_sha") else "")
+        + f" (blob {md_inline(sub['blob_sha'][:12])}).",
+        f"Mode: {md_inline(doc['mode']['device'])}, {md_inline(doc['mode']['model'])} model, "
+        f"{md_inline(doc['mode']['seeds'])} seeds, timing: {md_inline(doc['mode']['timing'])}; "
+        f"baseline: {md_inline(doc['baseline'])}.",
         "",
     ]
     perf: list[str] = []
@@ -201,75 +247,119 @@ def comment_markdown(doc: dict[str, Any], *, rank: str | None = None, log_url: s
         perf += [_table(PERFORMANCE_HEADERS, performance_rows(doc)), ""]
         perf += [x + "  " for x in (score_line(doc), timing_note(doc)) if x]
         if rank:
-            perf.append(f"Would-be rank on the current board: {md_escape(rank)}")
+            perf.append(f"Would-be rank on the current board: {md_inline(rank)}")
         perf.append("")
-    flags = [f"- **{md_escape(f['code'])}**" + (f" (line {f['line']})" if f.get("line") else "")
-             + f": {md_escape(f['message'])}" for f in doc["flags"]]
-    if flags:
-        flags = ["Flags (advisory; leaders are reviewed before prizes):", *flags, ""]
+    flag_lines = [f"- **{md_inline(f['code'], 80)}**" + (f" (line {_int(f['line'])})" if f.get("line") else "")
+                  + f": {md_inline(f['message'])}" for f in doc["flags"]]
     err_head: list[str] = []
     traceback, log_tail = "", ""
     if doc["error"]:
         err = doc["error"]
         where = err.get("where") or {}
-        err_head = [f"**First error**{' in shape ' + md_escape(err['shape']) if err.get('shape') else ''}:", "",
-                    code_block(err["message"])]
+        message = str(err["message"])
+        if len(message) > MAX_ERROR_MESSAGE:
+            message = message[:MAX_ERROR_MESSAGE] + f"\n... ({len(message) - MAX_ERROR_MESSAGE:,} more characters in the result)"
+        err_head = [f"**First error**{' in shape ' + md_inline(err['shape']) if err.get('shape') else ''}:", "",
+                    md_code_block(message)]
         if where.get("line"):
-            err_head.append(f"at {md_escape(where.get('file'), 100)} line {int(where['line'])}")
+            err_head.append(f"at {md_inline(where.get('file'), 100)} line {_int(where['line'])}")
         err_head.append("")
-        traceback = err.get("traceback") or ""
-        log_tail = err.get("log_tail") or ""
+        traceback = str(err.get("traceback") or "")
+        log_tail = str(err.get("log_tail") or "")
     env = doc["environment"]
     if doc.get("serving"):
         engine = doc["serving"]["engine"]
-        software = f"{md_escape(engine['name'])} {md_escape(engine['version'])} on {_int(engine['gpus'])} GPU"
+        software = f"{md_inline(engine['name'])} {md_inline(engine['version'])} on {_int(engine['gpus'])} GPU"
     else:
-        software = f"torch {md_escape(env.get('torch'))}, triton {md_escape(env.get('triton'))}"
+        software = f"torch {md_inline(env.get('torch'))}, triton {md_inline(env.get('triton'))}"
     foot = [
-        f"<sub>{md_escape(env.get('gpu') or env.get('cpu') or 'cpu')}, {software}, "
-        f"harness {md_escape((env.get('harness_commit') or 'unknown')[:12])}, "
-        f"{doc['started_at']} - {doc['finished_at']}"
-        + (f" · [run log]({log_url})" if log_url and re.match(r"^https://[\w./-]+\Z", log_url) else "")
+        f"<sub>{md_inline(env.get('gpu') or env.get('cpu') or 'cpu')}, {software}, "
+        f"harness {md_inline((env.get('harness_commit') or 'unknown')[:12])}, "
+        f"{md_inline(doc['started_at'])} - {md_inline(doc['finished_at'])}"
+        + (f" · [run log]({log_url})" if log_url and _SAFE_URL.fullmatch(log_url) else "")
         + "</sub>",
     ]
     rows = correctness_rows(doc)
+    open_ = " open" if doc["status"] == "incorrect" else ""
 
-    def render(rows: list[list[str]], tb: str, log: str, note: str | None, flags: list[str] = flags) -> str:
-        parts = head + perf
-        if rows:
-            parts += ["<details" + (" open" if doc["status"] == "incorrect" else "") + "><summary>Correctness, per shape"
-                      "</summary>", "", _table(CORRECTNESS_HEADERS, rows), "", "</details>", ""]
-        parts += flags + err_head
-        if tb:
-            parts += ["Traceback (tail):", "", code_block(tb, "python"), ""]
-        if log:
-            parts += ["Output of the submission (tail):", "", code_block(log), ""]
-        if note:
-            parts += [f"_{note}_", ""]
+    def correctness(kept: list[int], left_out: int) -> list[str]:
+        if not kept and not left_out:
+            return []
+        return ([f"<details{open_}><summary>Correctness, per shape</summary>", ""]
+                + _table_lines(CORRECTNESS_HEADERS, [rows[i] for i in kept])
+                + ([f"{left_out:,} of {len(rows):,} shape rows were cut to fit (the failing ones are kept first; "
+                    "the result has them all)."] if left_out else [])
+                + ["", "</details>", ""])
+
+    def flags(lines: list[str], cut: int) -> list[str]:
+        if not lines and not cut:
+            return []
+        return (["Flags (advisory; leaders are reviewed before prizes):", *lines]
+                + ([f"- and {cut:,} more flags, cut to fit (the result has them all)"] if cut else []) + [""])
+
+    def render(corr: list[str], fl: list[str], tb: list[str], log: list[str], note: str | None) -> str:
+        parts = head + perf + corr + fl + err_head + tb + log + ([f"_{note}_", ""] if note else [])
         return "\n".join(parts + foot) + "\n"
 
-    text = render(rows, traceback, log_tail, None)
-    if len(text) <= limit:
-        return text
-    note = "Truncated to fit GitHub's comment limit" + ("; the run log has everything." if log_url else ".")
-    for keep in (8000, 2000, 500, 0):
-        tb, log = traceback[-keep:] if keep else "", log_tail[-keep:] if keep else ""
-        text = render(rows, tb, log, note)
-        if len(text) <= limit:
-            return text
-    failing = [r for r in rows if r[2] != "ok"]
-    for n in (200, 50, 10, 0) if rows else ():
-        text = render(failing[:n], "", "", note + f" {len(rows) - min(n, len(failing))} shape rows left out.")
-        if len(text) <= limit:
-            return text
-    # a patch can carry hundreds of flags (the serving gate caps them per pattern, not in all)
-    listed = flags[1:-1]
-    for n in (50, 10, 0):
-        kept = flags[:1] + listed[:n] + [f"- and {len(listed) - n} more flags (in the result)", ""] if flags else []
-        text = render([], "", "", note + (f" {len(rows)} shape rows left out." if rows else ""), kept)
-        if len(text) <= limit:
-            return text
-    return (MARKER + "\n" + f"### {md_escape(doc['problem'])}: {VERDICT[doc['status']]}\n\n_{note}_\n")[:limit]
+    def tail(title: str, text: str, lang: str) -> list[str]:
+        return [title, "", md_code_block(text, lang), ""] if text else []
+
+    everything = render(correctness(list(range(len(rows))), 0), flags(flag_lines, 0),
+                        tail("Traceback (tail):", traceback, "python"), tail("Output of the submission (tail):",
+                                                                                log_tail, "text"), None)
+    if size(everything) <= limit:
+        return everything
+    budget = limit - size(render([], [], [], [], None)) - _NOTE_RESERVE
+    if budget < 0:  # not even the verdict's parts fit (a tiny limit): the verdict alone
+        note = "Truncated to fit GitHub's comment limit" + ("; the run log has everything." if log_url else ".")
+        return (MARKER + "\n" + f"### {md_heading(doc['problem'])}: {VERDICT[doc['status']]}\n\n_{note}_\n")[:limit]
+    # the failing shape rows first, then the flags, then the tails of the logs, then the passing rows
+    failing = [i for i, r in enumerate(rows) if r[2] != "ok"]
+    # a row's line in the whole table (padded to the widest cell of all rows) bounds its cost in any subset
+    row_cost = [size(x) + 1 for x in _table_lines(CORRECTNESS_HEADERS, rows)[2:]] if rows else []
+    kept: list[int] = []
+    used = _lines_size(correctness([], len(rows))) if rows else 0
+    for i in failing[:FAILING_ROWS_FIRST]:
+        cost = row_cost[i]
+        if used + cost > budget:
+            break
+        kept.append(i)
+        used += cost
+    # the tails of the logs keep up to a third of what is left, however many flags there are
+    tails = _lines_size(tail("Traceback (tail):", traceback, "python") + tail("Output of the submission (tail):",
+                                                                              log_tail, "text"))
+    reserve = min(tails, (budget - used) // 3)
+    kept_flags: list[str] = []
+    flags_used = _lines_size(flags([], len(flag_lines))) if flag_lines else 0
+    for line in flag_lines:
+        if used + flags_used + size(line) + 1 > budget - reserve:
+            break
+        kept_flags.append(line)
+        flags_used += size(line) + 1
+    used += flags_used
+    room = budget - used
+    tb, tb_cut = _tail_section("Traceback (tail)", traceback, "python", room // 2 if log_tail else room)
+    room -= _lines_size(tb)
+    log, log_cut = _tail_section("Output of the submission (tail)", log_tail, "text", room)
+    room -= _lines_size(log)
+    chosen = set(kept)
+    for i in range(len(rows)):
+        if i in chosen:
+            continue
+        cost = row_cost[i]
+        if cost > room:
+            break
+        kept.append(i)
+        room -= cost
+    kept.sort()
+    cut_rows, cut_flags = len(rows) - len(kept), len(flag_lines) - len(kept_flags)
+    what = [f"{cut_flags:,} of {len(flag_lines):,} flags" if cut_flags else "",
+            f"{tb_cut:,} characters of the traceback" if tb_cut else "",
+            f"{log_cut:,} characters of the log" if log_cut else "",
+            f"{cut_rows:,} of {len(rows):,} shape rows" if cut_rows else ""]
+    note = ("Truncated to fit GitHub's comment limit: left out " + ", ".join(w for w in what if w)
+            + ("; the run log has everything." if log_url else "; the result has everything."))
+    return render(correctness(kept, cut_rows) if rows else [], flags(kept_flags, cut_flags), tb, log, note)
 
 
 # ---- the serving track ----
@@ -394,18 +484,19 @@ def _level_reasons(doc: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def serving_terminal(doc: dict[str, Any]) -> list[str]:
+    t = terminal_text
     s = doc["serving"]
-    lines = [f"engine {s['engine']['name']} {s['engine']['version']} on {s['engine']['gpus']} GPU; "
-             f"dataset {s['dataset']['sha256'][:12]} ({s['dataset']['conversations']} conversations); "
-             f"patch: {len(s['patch_gate']['files'])} file(s), +{s['patch_gate']['added']} -{s['patch_gate']['removed']}"]
+    lines = [f"engine {t(s['engine']['name'])} {t(s['engine']['version'])} on {_int(s['engine']['gpus'])} GPU; "
+             f"dataset {t(s['dataset']['sha256'][:12])} ({_int(s['dataset']['conversations'])} conversations); "
+             f"patch: {_int(len(s['patch_gate']['files']))} file(s), +{_int(s['patch_gate']['added'])} "
+             f"-{_int(s['patch_gate']['removed'])}"]
     if s["levels"]:
-        lines += ["", tabulate(serving_rows(doc), headers=SERVING_HEADERS, tablefmt="simple", disable_numparse=True),
+        lines += ["", _term_table(serving_rows(doc), SERVING_HEADERS),
                   "T_c: output tokens/s per GPU in the window; I_c: P10 of the per-turn user rate, tokens/s.", ""]
         lines += [x for x in (serving_score_line(doc),) if x]
         lines += gate_lines(doc)
-        lines += [f"  {where}: {why}" for where, why in _level_reasons(doc)]
-        lines += ["", "unscored:", tabulate(unscored_rows(doc), headers=UNSCORED_HEADERS, tablefmt="simple",
-                                            disable_numparse=True)]
+        lines += [f"  {t(where)}: {t(why)}" for where, why in _level_reasons(doc)]
+        lines += ["", "unscored:", _term_table(unscored_rows(doc), UNSCORED_HEADERS)]
         lines.extend(x for x in (timing_note(doc),) if x)
     lines.append("")
     return lines
@@ -417,7 +508,7 @@ def serving_markdown(doc: dict[str, Any], *, rank: str | None = None, plot_url: 
     s = doc["serving"]
     pg = s["patch_gate"]
     out = [f"Engine {md_escape(s['engine']['name'])} {md_escape(s['engine']['version'])} on "
-           f"{_int(s['engine']['gpus'])} GPU; dataset `{md_escape(s['dataset']['sha256'][:12])}` "
+           f"{_int(s['engine']['gpus'])} GPU; dataset {md_escape(s['dataset']['sha256'][:12])} "
            f"({_int(s['dataset']['conversations'])} conversations); patch: {_int(len(pg['files']))} file(s), "
            f"+{_int(pg['added'])} -{_int(pg['removed'])} lines.", ""]
     if not s["levels"]:
@@ -447,14 +538,14 @@ def serving_markdown(doc: dict[str, Any], *, rank: str | None = None, plot_url: 
     if drawn:
         out += ["Throughput per GPU against interactivity (B: baseline, C: candidate; the number is c):", "",
                 code_block(drawn), ""]
-    if plot_url and _SAFE_URL.match(plot_url):
-        out += [f"![{PLOT_ALT}]({plot_url})", ""]
-    elif plot_artifact_url and _SAFE_URL.match(plot_artifact_url):
+    if plot_url and _SAFE_URL.fullmatch(plot_url):
+        out += [f"![{PLOT_ALT}]({plot_url})", ""]  # our URL, checked; never the result's
+    elif plot_artifact_url and _SAFE_URL.fullmatch(plot_artifact_url):
         out += [f"The plot as a PNG: [`{PLOT_NAME}`]({plot_artifact_url}) (the bench run's artifact "
                 "`serving-plot`, a zip).", ""]
     else:
         out += [f"The plot of throughput per GPU against interactivity is `{PLOT_NAME}` in the run's artifacts"
-                + (f" ([run log]({log_url}))." if log_url and _SAFE_URL.match(log_url) else "."), ""]
+                + (f" ([run log]({log_url}))." if log_url and _SAFE_URL.fullmatch(log_url) else "."), ""]
     out += ["<details><summary>Unscored figures per level (reported, not scored)</summary>", "",
             _table(UNSCORED_HEADERS, unscored_rows(doc)), "", "</details>", ""]
     return out
