@@ -467,7 +467,7 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
                                           facts={"dataset_sha256": dataset_sha, "block": block, "side": side})
 
                     doc = server.call(replay_level, timeout_s=plan.warmup_s + window + limits.level_extra_s,
-                                      what=f"{name} {what} (warm-up {plan.warmup_s:g} s + window {window:g} s + "
+                                      what=f"the level (warm-up {plan.warmup_s:g} s + window {window:g} s + "
                                            f"{limits.level_extra_s:g} s)")
                     lv = metrics.level(doc, gpus=template.gpus)
                     lv["block"], lv["run"] = block, r
@@ -498,7 +498,7 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
                                      concurrency=plan.gsm8k_concurrency, timeout_s=gsm8k.DEFAULT_TIMEOUT_S,
                                      max_tokens=plan.gsm8k_max_tokens)
 
-                got = server.call(ask, timeout_s=limits.gsm8k_s, what=f"{name} GSM8K")
+                got = server.call(ask, timeout_s=limits.gsm8k_s, what="the GSM8K pass")
                 accuracy = {"accuracy": got["accuracy"], "questions": got["questions"], "correct": got["correct"],
                             "failed": got["failed"]}
                 if inputs.records is not None:

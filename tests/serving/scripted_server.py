@@ -33,7 +33,8 @@ gets the same reply from every launch (a canary agrees with itself), and `words_
 server whose greedy tokens differ); `die_after` ends the process at the start of that many-plus-one'th
 chat request (a server that crashes mid-level), `exit_at_start` exits before it listens (a launch that
 fails), `spawn_detached` starts a grandchild in a session of its own that sleeps (what a stop must kill too),
-`flush_hang_s` makes /flush_cache answer that late (a server that stops answering between levels).
+`flush_hang_s` makes /flush_cache answer that late (a server that stops answering between levels),
+`answer_hang_s` a request that is not streamed (GSM8K's) wait that long first.
 `asgi_app` is a minimal ASGI app (GET /health, GET /stream: five chunks at once) for the launch's
 delay knob, which wraps what uvicorn serves.
 A request with `"stream": false` gets one chat.completion object with the whole reply.
@@ -76,6 +77,7 @@ SCRIPT = {
     "exit_at_start": None,
     "spawn_detached": False,
     "flush_hang_s": 0.0,
+    "answer_hang_s": 0.0,
 }
 
 # Common English words, each one token for Qwen's BPE (a leading space and letters are one pre-token).
@@ -156,6 +158,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         n = forced_length(body)
         sent = max(0, n - int(script["short_by"]))
         if body.get("stream") is False:
+            if script["answer_hang_s"]:
+                await asyncio.sleep(script["answer_hang_s"])
             text = "".join(word(index, j, script["special_every"]) for j in range(sent))
             usage = {"prompt_tokens": 0, "completion_tokens": sent, "total_tokens": sent}
             return web.json_response({"id": f"chatcmpl-{index}", "object": "chat.completion", "created": 0,

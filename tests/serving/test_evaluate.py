@@ -35,7 +35,8 @@ def inputs(tmp_path_factory):
                    scripted_template({"token_s": 0.003}, tag=tag),
                    scripted_template({"exit_at_start": 4}, name="scripted-broken", tag=tag))
     limits = d / "competition.toml"
-    limits.write_text((ROOT / "competition.toml").read_text().replace("level_extra = 300", "level_extra = 1.5"))
+    limits.write_text((ROOT / "competition.toml").read_text().replace("level_extra = 300", "level_extra = 1.5")
+                      .replace("gsm8k = 3600", "gsm8k = 2"))
     return {"pin": pin, "dataset": tiny_dataset(d / "tiny.json"), "tag": tag, "limits": limits}
 
 
@@ -154,6 +155,8 @@ FAILING = {
     # the candidate stops answering its cache flush: the level's replay cannot start, and its wall clock
     # (warm-up + window + [limits.serving] level_extra, 1.5 s here) ends it
     "hangs": ({"flush_hang_s": 120}, ("--limits",), "scripted"),
+    # GSM8K's requests hang: its pass has [limits.serving] gsm8k (2 s here)
+    "gsm8k": ({"answer_hang_s": 120}, ("--limits",), "scripted"),
     "baseline": (None, (), "scripted-broken"),
 }
 
@@ -228,6 +231,13 @@ def test_a_level_past_its_wall_clock_is_a_timeout(failing):
     assert doc["status"] == "timeout"
     assert "block 2/4 (candidate), c = 1, run 1/1" in doc["error"]["message"]
     assert "took more than 1.95 s" in doc["error"]["message"]
+
+
+def test_gsm8k_past_its_wall_clock_is_a_timeout(failing):
+    rc, doc, err = failing["gsm8k"]
+    assert rc == 1, err[-3000:]
+    assert doc["status"] == "timeout" and "block 3/4 (candidate), GSM8K" in doc["error"]["message"]
+    assert "the GSM8K pass took more than 2 s" in doc["error"]["message"]
 
 
 def test_the_baseline_failing_is_the_harness_s_fault_and_writes_nothing(failing):

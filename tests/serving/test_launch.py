@@ -7,6 +7,7 @@ and, for the delay knob, uvicorn serving a minimal ASGI app through launch.py's 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import socket
@@ -180,9 +181,12 @@ def test_a_server_that_exits_at_launch_is_reported_at_once(tmp_path, limits, sgl
     assert "exiting before it listens" in server.log_tail()
 
 
-def test_a_server_never_ready_times_out_and_is_stopped(tmp_path, limits, sglang_pin):
+@pytest.mark.parametrize("template_s, limit_s", [(1.5, 1800), (60, 1.5)], ids=["template", "limits.serving"])
+def test_a_server_never_ready_times_out_and_is_stopped(tmp_path, limits, sglang_pin, template_s, limit_s):
+    # the launch's wall clock is the template's ready_timeout_s or [limits.serving] launch, the shorter
     tree = tmp_path  # the scripted server reads nothing of it
-    template = _template(tmp_path, script={"healthy": False}, ready_timeout_s=1.5)
+    template = _template(tmp_path, script={"healthy": False}, ready_timeout_s=template_s)
+    limits = dataclasses.replace(limits, launch_s=limit_s)
     server = launch.Server(template, tree=tree, model=None, policy=sandbox.Policy(limits=limits.sandbox),
                            limits=limits, label="candidate")
     t0 = time.monotonic()
