@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
-#   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush
+#   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -120,6 +120,13 @@ for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", 
     # Issue 12: each kernel of the fused MoE's time per call at the decode sizes (torch.profiler).
     moe-breakdown) step moe-breakdown 90 python3 benchmarks/moe_breakdown.py --json "$OUT/moe-breakdown.json" ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
+    # Issue 16: what this machine has to build with (which nvcc, nvcc --version, ninja, c++), the wheels of
+    # .whl/toolchains/ made importable as a worker imports (benchmarks/toolchains_setup.sh), then each example
+    # of examples/toolchains/ through `python -m pipeline evaluate` in the sandbox, with its compile time, into
+    # $OUT/toolchains.jsonl; an example whose toolchain this machine lacks is skipped and says which.
+    toolchains) step toolchains-env 120 bash benchmarks/toolchains_setup.sh
+                PATH="/root/tc-site/bin:$PATH" PIPELINE_TOOLCHAINS_REPORT="$OUT/toolchains.jsonl" step toolchains 420 \
+                  python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/test_toolchains.py ;;
     *) echo "unknown step $what" ;;
   esac
 done
