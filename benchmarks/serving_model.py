@@ -2,13 +2,21 @@
 downloaded (the H200 we test on reaches no network; issue 14).
 
 The shape is Qwen3-0.6B's (its public config.json: hidden 1024, 28 layers, 16 query heads and 8 KV heads
-of 128, intermediate 3072, vocabulary 151,936, tied embeddings, RoPE theta 1e6), so the engine does the
+of 128, intermediate 3072, vocabulary 151,936, RoPE theta 1e6; the output head untied, below), so the engine does the
 work a real small Qwen does per token; `--preset tiny` is a 2-layer, 64-wide one for CPU tests. The
 tokenizer is the pinned one (pipeline/serving/tokenizer.py: Qwen's ranks and its three chat markers at
 Qwen's ids), with ChatML as the chat template and <|im_end|> as the end of a turn, so the engine and the
 replayer count with the same file. The weights come from a seeded initialisation: the same seed gives
-the same checkpoint. Random weights repeat a token or two under greedy decoding; the replay forces every
-reply's length, so that still measures the engine.
+the same checkpoint.
+
+One change to the random weights: the replayer counts a reply's tokens by re-tokenising its text, and
+random weights repeat a token or two under greedy decoding, often one that merges with itself ("\n\n"
+is one token, as are runs of "!"), so the count came out far short of what was generated and every level
+was invalid. So the output head is not tied to the embeddings, and its rows are zero except for the
+words that re-tokenise as themselves in any order: a space and lowercase letters, one token alone (" the",
+" of", ...; about half the vocabulary's first 50,000). A zero row's logit is 0 and some word's is above it
+(of thousands of random ones, one is positive), so greedy decoding writes words, which the pre-tokeniser
+splits back one token each.
 
     python benchmarks/serving_model.py OUT_DIR [--preset qwen3-0.6b|tiny] [--seed 0] [--device cuda]
 """
@@ -42,6 +50,19 @@ CHAT_TEMPLATE = (
 )
 
 
+def word_tokens() -> list[int]:
+    """Ids of the pinned vocabulary's words that re-tokenise as themselves whatever precedes or follows
+    them: a space and lowercase ASCII letters, encoded alone as that one id."""
+    from pipeline.serving import tokenizer as pinned
+
+    tok = pinned.load()
+    words = [(piece[1:], i) for piece, i in tok.get_vocab().items()
+             if piece.startswith("\u0120") and len(piece) > 2 and piece[1:].isascii() and piece[1:].isalpha()
+             and piece[1:].islower()]
+    encoded = tok.encode_batch([" " + w for w, _ in words], add_special_tokens=False)
+    return sorted(i for (_, i), e in zip(words, encoded) if e.ids == [i])
+
+
 def build(out: Path, preset: str = "qwen3-0.6b", seed: int = 0, device: str = "cpu") -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -50,12 +71,17 @@ def build(out: Path, preset: str = "qwen3-0.6b", seed: int = 0, device: str = "c
 
     ids = pinned.SPECIAL_TOKENS
     config = Qwen3Config(vocab_size=VOCAB, max_position_embeddings=CONTEXT, rope_theta=1_000_000.0,
-                         tie_word_embeddings=True, rms_norm_eps=1e-6, torch_dtype="bfloat16",
+                         tie_word_embeddings=False, rms_norm_eps=1e-6, torch_dtype="bfloat16",
                          bos_token_id=ids[pinned.ENDOFTEXT], eos_token_id=ids[pinned.IM_END],
                          pad_token_id=ids[pinned.ENDOFTEXT], **PRESETS[preset])
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    words = torch.tensor(word_tokens(), device=model.lm_head.weight.device)
+    keep = torch.zeros(VOCAB, dtype=torch.bool, device=words.device)
+    keep[words] = True
+    with torch.no_grad():
+        model.lm_head.weight[~keep] = 0
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     model.generation_config.eos_token_id = ids[pinned.IM_END]

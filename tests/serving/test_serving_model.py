@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # two checkpoints built and a model loaded: ~20 s on 2 cores
 
 
 def _builder():
@@ -56,6 +57,26 @@ def test_the_checkpoint_speaks_chatml_with_the_pinned_tokenizer(built):
     out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
     assert out.shape[1] == ids.shape[1] + 3
     assert model.config.vocab_size == 151_936 and model.config.architectures == ["Qwen3ForCausalLM"]
+
+
+def test_a_greedy_reply_counts_back_to_its_length(built):
+    """What the replayer does with a forced reply: decode the generated ids to text, re-tokenise it with the
+    pinned tokenizer: the count is the number generated (random weights left alone wrote "\n" runs, which
+    merge: 2 tokens counted of 21 generated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.serving import tokenizer as pinned
+
+    _, a, _ = built
+    model = AutoModelForCausalLM.from_pretrained(a)
+    tok = pinned.load()
+    for prompt in ("<|im_start|>user\nfix the bug in parse()<|im_end|>\n<|im_start|>assistant\n",
+                   "<|im_start|>user\n$ grep -n def x.py\n1:def f():<|im_end|>\n<|im_start|>assistant\n"):
+        ids = torch.tensor([tok.encode(prompt, add_special_tokens=False).ids])
+        out = model.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False)[0, ids.shape[1]:]
+        text = tok.decode(out.tolist(), skip_special_tokens=False)
+        assert pinned.count(text) == 40, (text, out.tolist())
 
 
 def test_every_file_is_readable_by_the_servers_own_uid(built):
