@@ -10,6 +10,8 @@ import datetime as dt
 import hashlib
 import json
 import math
+import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,13 +28,47 @@ class ResultError(ValueError):
 @lru_cache(maxsize=1)
 def _validator():
     try:
-        import jsonschema
+        import jsonschema  # noqa: F401
     except ImportError:
         raise ResultError("validating a result needs the jsonschema package: pip install jsonschema") from None
-    schema = json.loads(SCHEMA_PATH.read_text())
+    return strict_validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+@lru_cache(maxsize=None)
+def _ecma_pattern(pattern: str) -> re.Pattern[str]:
+    """A JSON Schema `pattern` (ECMA-262) compiled with its own meaning of `$`, the end of the text: in
+    Python `$` also matches before a final newline, so "<40 hex digits>\\n" would pass ^[0-9a-f]{40}$."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "$":
+            c = r"\Z"
+        out.append(c)
+        i += 1
+    return re.compile("".join(out))
+
+
+def strict_validator(schema: dict[str, Any]) -> Any:
+    """A jsonschema validator of `schema` whose `pattern` means what the schema's readers (ECMA-262) take
+    it to mean; the ledger's schema is checked with it too."""
+    import jsonschema
+
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
-    return cls(schema)
+
+    def pattern(validator: Any, patrn: str, instance: Any, _schema: Any) -> Iterator[Any]:
+        if validator.is_type(instance, "string") and not _ecma_pattern(patrn).search(instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    return jsonschema.validators.extend(cls, {"pattern": pattern})(schema)
 
 
 def _non_finite(obj: Any, path: str = "") -> Iterator[str]:
@@ -58,16 +94,176 @@ def _deepest(error: Any) -> Any:
     return error
 
 
+# Bounds a result must keep beyond its schema (JSON Schema cannot say "finite" and the schema sets no
+# sizes): what every later stage (the ledger's JSON, the comment, the board) can then hold without surprise.
+MAX_SAFE_INT = 2**53 - 1  # the integers a JSON number holds exactly in every reader
+MAX_PR = 2**31 - 1  # GitHub's pull request numbers are GraphQL Ints (32 bits)
+MAX_DEPTH = 32
+MAX_ITEMS = 100_000  # in any one array
+MAX_FLAGS = 10_000
+MAX_STRING = 16_384
+MAX_LOG = 65_536  # a log tail or a traceback
+EARLIEST, LATEST = 2000, 2100  # the years a result's times may name
+LOGIN_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})")
+FLAG_CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _walk_bounds(doc: Any) -> Iterator[tuple[str, str]]:
+    """(path, what is wrong) for every value out of the general bounds: numbers finite and integers within
+    2^53, strings of valid Unicode within their cap, arrays and nesting bounded, the whole within MAX_BYTES."""
+    stack: list[tuple[str, Any, int]] = [("", doc, 0)]
+    approx = 0
+    while stack:
+        path, v, depth = stack.pop()
+        if isinstance(v, bool) or v is None:
+            approx += 5
+        elif isinstance(v, int):
+            approx += 8
+            if abs(v) > MAX_SAFE_INT:
+                yield path, f"an integer of {len(str(abs(v)))} digits, beyond 2^53 (no JSON reader holds it exactly)"
+        elif isinstance(v, float):
+            approx += 8
+            if not math.isfinite(v):
+                yield path, f"not a finite number ({v})"
+        elif isinstance(v, str):
+            approx += len(v) + 2
+            cap = MAX_LOG if path.endswith(("/log_tail", "/traceback")) else MAX_STRING
+            if len(v) > cap:
+                yield path, f"a string of {len(v):,} characters, more than {cap:,}"
+            if _SURROGATE.search(v):
+                yield path, "a string with a lone surrogate (not Unicode text)"
+        elif isinstance(v, (dict, list)):
+            if depth >= MAX_DEPTH:
+                yield path, f"nested more than {MAX_DEPTH} deep"
+                continue
+            if isinstance(v, list):
+                if len(v) > MAX_ITEMS:
+                    yield path, f"an array of {len(v):,} items, more than {MAX_ITEMS:,}"
+                    continue
+                stack.extend((f"{path}/{i}", x, depth + 1) for i, x in enumerate(v))
+            else:
+                for k, x in v.items():
+                    if not isinstance(k, str) or len(k) > 256:
+                        yield path, "a key that is not a string of at most 256 characters"
+                        continue
+                    approx += len(k) + 4
+                    stack.append((f"{path}/{k}", x, depth + 1))
+        else:
+            yield path, f"a {type(v).__name__}, which JSON does not hold"
+        if approx > MAX_BYTES:
+            yield "/", f"more than {MAX_BYTES:,} bytes of JSON"
+            return
+
+
+def _instant(value: Any) -> dt.datetime | None:
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None and EARLIEST <= t.year <= LATEST else None
+
+
+def _in(v: Any, lo: float, hi: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo < v <= hi
+
+
+def _pair_ordered(v: Any) -> bool:
+    return not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, (int, float)) for x in v) or v[0] <= v[1]
+
+
+def bound_problems(doc: dict[str, Any]) -> list[str]:
+    """What is out of bounds in a document that matches the schema (see the constants above): the
+    general bounds of every value, then the fields' own ranges and exact patterns."""
+    out = [f"at {p or '/'}: {why}" for p, why in _walk_bounds(doc)][:20]
+    return out or _field_problems(doc)  # the fields' own checks assume finite numbers and sane sizes
+
+
+def _field_problems(doc: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    sub = doc["submission"]
+    if sub["pr"] is not None and not 1 <= sub["pr"] <= MAX_PR:
+        out.append(f"at /submission/pr: {sub['pr']} is not a pull request number (1 to {MAX_PR})")
+    if sub["login"] is not None and not LOGIN_RE.fullmatch(sub["login"]):
+        out.append(f"at /submission/login: {sub['login']!r} is not a GitHub login")
+    if len(sub["path"]) > 1024 or not sub["path"].isprintable():
+        out.append("at /submission/path: not a path of at most 1,024 printable characters")
+    for key in ("problem", "baseline"):
+        if len(doc[key]) > (64 if key == "problem" else 1024):
+            out.append(f"at /{key}: too long")
+    if len(doc["mode"]["timing"]) > 200:
+        out.append("at /mode/timing: too long")
+    times = {k: _instant(doc[k]) for k in ("started_at", "finished_at")}
+    for k, t in times.items():
+        if t is None:
+            out.append(f"at /{k}: {str(doc[k])[:64]!r} is not an ISO 8601 time with a time zone in the years "
+                       f"{EARLIEST}-{LATEST}")
+    if all(times.values()) and times["finished_at"] < times["started_at"]:
+        out.append("at /finished_at: before started_at")
+    score = doc["score"]
+    if score is not None:
+        if not _in(score["speedup"], 0, 1e6):
+            out.append(f"at /score/speedup: {score['speedup']!r} is not in (0, 1e6]")
+        if not _in(score["time_us"], 0, 1e12):
+            out.append(f"at /score/time_us: {score['time_us']!r} is not in (0, 1e12] microseconds")
+        lo_hi = score.get("interval")
+        if lo_hi is not None and not (0 <= lo_hi[0] <= score["speedup"] <= lo_hi[1]):
+            out.append(f"at /score/interval: {lo_hi} does not contain the score {score['speedup']!r} "
+                       "(0 <= lo <= speedup <= hi)")
+        if not _pair_ordered(score.get("within_run_interval")):
+            out.append("at /score/within_run_interval: lo > hi")
+    for i, p in enumerate(doc["performance"]):
+        where = f"at /performance/{i}"
+        if len(p["workload"]) > 128 or not p["workload"].isprintable():
+            out.append(f"{where}/workload: not a name of at most 128 printable characters")
+        for key, hi in (("median_us", 1e12), ("baseline_median_us", 1e12), ("speedup", 1e6)):
+            if not _in(p[key], 0, hi):
+                out.append(f"{where}/{key}: {p[key]!r} is not in (0, {hi:g}]")
+        if not 1 <= p["n"] <= 10**9:
+            out.append(f"{where}/n: {p['n']} samples")
+        for key in ("interval_us", "baseline_interval_us"):
+            if not _pair_ordered(p.get(key)):
+                out.append(f"{where}/{key}: lo > hi")
+    if len(doc["flags"]) > MAX_FLAGS:
+        out.append(f"at /flags: {len(doc['flags']):,} flags, more than {MAX_FLAGS:,}")
+    for i, f in enumerate(doc["flags"][:MAX_FLAGS]):
+        if not FLAG_CODE_RE.fullmatch(f["code"]):
+            out.append(f"at /flags/{i}/code: {f['code'][:80]!r} is not a flag code ({FLAG_CODE_RE.pattern})")
+        if f.get("line") is not None and not 0 <= f["line"] <= 10**9:
+            out.append(f"at /flags/{i}/line: {f['line']}")
+    for i, c in enumerate(doc["correctness"]):
+        if len(c["shape"]) > 128 or not c["shape"].isprintable():
+            out.append(f"at /correctness/{i}/shape: not a name of at most 128 printable characters")
+        if c["seeds"] > 10**6:
+            out.append(f"at /correctness/{i}/seeds: {c['seeds']} seeds")
+    return out[:20]
+
+
+def _short(message: str, keep: int = 400) -> str:
+    """A validator's message, which restates the value, without restating all of a large one."""
+    return message if len(message) <= keep else f"{message[:keep // 2]} ... {message[-keep // 2:]}"
+
+
+OUT_OF_BOUNDS = "the result is out of the bounds of result.schema.json and pipeline/result.py:\n"
+
+
 def validate(doc: Any) -> None:
-    """Raise ResultError naming every place where `doc` breaks the schema."""
+    """Raise ResultError naming every place where `doc` breaks the schema or the bounds above: the one
+    check of a result, run whole before anything reads or writes it."""
+    if not isinstance(doc, dict):
+        raise ResultError(f"a result is a JSON object, not a {type(doc).__name__}")
+    general = [f"  at {p or '/'}: {why}" for p, why in _walk_bounds(doc)][:20]
+    if general:  # an integer of 400 digits or a 50 MB string is refused before the schema spends time on it
+        raise ResultError(OUT_OF_BOUNDS + "\n".join(general))
     errors = sorted((_deepest(e) for e in _validator().iter_errors(doc)), key=lambda e: list(e.absolute_path))
-    lines = [f"  at /{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:20]]
-    if isinstance(doc, dict) and doc.get("track") == "serving":
-        # every figure of a serving result is a measurement or a ratio of two; none may be NaN or infinite
-        # (a kernel result may hold an infinite rel-L2 of a wrong output, so this is the serving track's rule)
-        lines += [f"  at {p}: not a finite number" for p in list(_non_finite(doc))[:20]]
+    lines = [f"  at /{'/'.join(map(str, e.absolute_path))}: {_short(e.message)}" for e in errors[:20]]
     if lines:
         raise ResultError("the result does not match result.schema.json:\n" + "\n".join(lines[:20]))
+    bad = _field_problems(doc)
+    if bad:
+        raise ResultError(OUT_OF_BOUNDS + "\n".join("  " + x for x in bad))
 
 
 def now() -> str:
@@ -80,14 +276,23 @@ def git_blob_sha(data: bytes) -> str:
 
 
 def write(doc: dict[str, Any], path: Path) -> None:
+    """Validate the whole document, then write it beside `path` and rename it into place: a refused or
+    interrupted write leaves no half a result."""
     validate(doc)
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    path = Path(path)
+    text = json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ResultError(f"{path}: cannot read a result: {exc}") from None
     validate(doc)
     return doc
@@ -111,6 +316,8 @@ def read_data(path: Path, limit: int = MAX_BYTES) -> tuple[bytes, dict[str, Any]
         doc = loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ResultError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise ResultError(f"{path}: JSON nested too deep to be a result") from None
     if not isinstance(doc, dict):
         raise ResultError(f"{path}: a result is a JSON object, not a {type(doc).__name__}")
     validate(doc)

@@ -337,7 +337,7 @@ def test_each_status_maps_to_a_check_conclusion(fake, tmp_path, key_file, status
 
 @pytest.mark.parametrize("tamper,message", [
     (lambda d: d.update(signature=None), "not signed"),
-    (lambda d: d["score"].update(speedup=9.0), "changed after signing"),
+    (lambda d: d["score"].update(speedup=9.0, interval=[8.9, 9.1]), "changed after signing"),
     (lambda d: d["submission"].update(pr=8), "changed after signing"),
     (lambda d: d.update(signature={"alg": "hmac-sha256", "key_id": "0" * 16, "mac": "0" * 64}), "not signed"),
     (lambda d: d["signature"].update(alg="hmac-sha256"), "unknown signature"),

@@ -105,7 +105,8 @@ REFUSALS = {
     "another competitor's result": (lambda: result_doc(login="mallory"), {}, (), "belongs to 'mallory'"),
     "partial run": (lambda: result_doc(workloads=["M1"]), {}, (), "a partial run"),
     "unknown problem": (lambda: result_doc(problem="muse_nope", workloads=["M1"]), {}, (), "not in problems/"),
-    "bad login": (lambda: result_doc(login="not a login"), {"login": "not a login"}, (), "not a GitHub login"),
+    "bad login": (lambda: result_doc(official=False), {"login": "not a login"}, ("--allow-unofficial",),
+                  "not a GitHub login"),
 }
 
 

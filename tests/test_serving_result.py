@@ -282,6 +282,7 @@ def test_the_ledger_refuses_a_gated_a_forged_and_a_malformed_serving_result(tmp_
     assert "status 'incorrect': only a passing result" in capsys.readouterr().err
     forged = json.loads((FIX / "passed.json").read_text())
     forged["serving"]["score"]["S"] = forged["score"]["speedup"] = 3.9
+    forged["serving"]["score"]["interval"] = forged["score"]["interval"] = [3.8, 4.0]  # in bounds: only the signature tells
     assert append(forged, 11) == 1
     assert "signature does not verify" in capsys.readouterr().err
     assert append(resign(forged, FOREIGN_KEY), 11) == 1
