@@ -325,7 +325,9 @@ def test_evaluate_against_transformers_serve(smollm2_checkpoint, scratch, tmp_pa
     dataset = tiny_dataset(tmp_path / "tiny.json", conversations=6, turns=3, max_tokens=3,
                            canaries=(0, 1, 2, 3, 4, 5))  # every turn a canary: a few seconds hold some
     out = tmp_path / "result.json"
-    env = {**os.environ, "PIPELINE_SERVING_MODEL": str(smollm2_checkpoint), "OMP_NUM_THREADS": "2"}
+    # one thread for the engine, the other core for the replay: two OpenMP threads on two cores shared with
+    # the client (and, on a busy machine, other jobs) spin at every barrier, and a level can end with no turn
+    env = {**os.environ, "PIPELINE_SERVING_MODEL": str(smollm2_checkpoint), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "pipeline", "serving", "evaluate", str(write_patch(scratch, tmp_path)),
            "--launch", "transformers-cpu", "--dataset", str(dataset), "--json", str(out), "--levels", "1,4",
            "--window-s", "3.5", "--warmup-s", "0.5", "--runs", "1", "--gsm8k-questions", "1", "--gsm8k-max-tokens", "4"]
