@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -219,7 +220,7 @@ def test_a_cpp_syntax_error_is_a_compile_error_with_the_compilers_first_error_at
     lines = (FIX / "cpp_syntax_error.py").read_text().splitlines()
     assert err["where"]["file"] == "cpp_syntax_error.py"
     assert lines[err["where"]["line"] - 1].strip() == "return y;"  # where g++ noticed the missing ';'
-    assert "FAILED: main.o" in err["log_tail"] and "error: expected" in err["log_tail"]
+    assert re.search(r"FAILED: (\[code=\d+\] )?main\.o", err["log_tail"]) and "error: expected" in err["log_tail"]
     assert "-isystem" not in err["log_tail"]  # the compiler's command lines are left out of the tail
     assert_isolated_where_possible(doc)
 
