@@ -39,7 +39,11 @@ def parse_instant(text: str, what: str = "time") -> dt.datetime:
     if value.microsecond:
         raise InstantError(f"{what} {text!r} has a fraction of a second; GitHub's merged_at has whole seconds, "
                            "give it as GitHub reports it")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:00:00-05:00 is in the year 10000
+        raise InstantError(f"{what} {text!r} is outside the years a time can name; write it like "
+                           "2026-10-22T10:00:00Z") from None
 
 
 def format_instant(value: dt.datetime) -> str:

@@ -1,7 +1,9 @@
 """The results ledger: the only source of truth for the boards.
 
-`results/ledger/YYYY-MM.jsonl`, append-only, one canonical JSON line per record (sorted keys, no
-spaces, ASCII). Kinds of record:
+`results/ledger/YYYY-MM.jsonl`, append-only, one canonical JSON line per record: orjson's sorted keys, no
+spaces, UTF-8 (record_version 2; orjson both writes and reads the ledger, so a line reads back as exactly
+the record that was written). A record of version 1 keeps the form it was written in (the standard
+library's json.dumps, ASCII), so that its sha256 and the chain over it still hold. Kinds of record:
 - `result`: one accepted (merged) evaluation, what the board needs of its result document (never the
   raw samples), with `accepted_at` = the PR's merged_at (GitHub's server time);
 - `disqualification` / `clearance`: marks an earlier result (by PR and head SHA). The result itself is
@@ -20,6 +22,11 @@ month of its own time (`accepted_at` or `at`), so a record that arrives late (a 
 in an older shard with the next seq; nothing is ever rewritten. Every derived view (board, snapshots,
 prizes) orders records by time, never by seq, so arrival order cannot change them.
 
+Every record is checked whole before anything is written (`record_problem`: the schema's rules and
+bounds; `check_new`: no second record of a PR, one login per PR), and `append` writes the new shard
+beside the old one and renames it into place: a refused, failing or killed append leaves every shard as
+it was, byte for byte.
+
 Pure functions of plain data first; the few that touch files (`read_shards`, `append`) come last.
 """
 
@@ -32,18 +39,22 @@ import hashlib
 import json
 import os
 import re
+import signal
 import stat
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import orjson
+
 from pipeline.competition import format_instant
 
 LEDGER_DIR = Path("results") / "ledger"
 EVIDENCE_DIR = Path("results") / "evidence"
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "ledger.schema.json"
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: canonical by orjson (UTF-8); 1: by json.dumps (ASCII), read and verified, never written
+RECORD_VERSIONS = (1, 2)
 GENESIS = "0" * 64
 MARKINGS = ("disqualification", "clearance")
 RECORDED_STATUSES = ("passed", "needs_review")
@@ -55,6 +66,15 @@ CHAIN_KEYS = ("seq", "prev", "sha256")
 ENVIRONMENT_KEYS = ("gpu", "gpu_uuid", "driver", "cuda", "torch", "triton", "harness_commit", "image_digest",
                     "python", "cpu")
 WORKLOAD_KEYS = ("workload", "median_us", "interval_us", "baseline_median_us", "baseline_interval_us", "speedup")
+# Bounds of a record (pipeline/result.py bounds the result it comes from the same way)
+MAX_PR = 2**31 - 1  # GitHub's pull request numbers are GraphQL Ints (32 bits)
+MAX_SAFE_INT = 2**53 - 1
+MAX_RECORD_BYTES = 64 * 1024  # a record is a summary: its result's samples stay in the evidence
+MAX_SHARD_BYTES = 95 * 1024 * 1024  # GitHub refuses a push of a file over 100 MB
+EARLIEST, LATEST = 2000, 2100  # the years a record's times may name
+FLAG_CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# tests only: the name of a point at which `append` kills its own process with SIGKILL (tests/exploits)
+CRASH_ENV = "PIPELINE_TEST_KILL_APPEND_AT"
 
 
 class LedgerRefusal(Exception):
@@ -68,7 +88,16 @@ class LedgerBroken(Exception):
 # ---- canonical form and the chain ----
 
 def canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    """A record's line (without its newline): orjson, sorted keys, compact, UTF-8; a version 1 record in
+    the form it was written in. Raises ValueError for an integer past 64 bits or a lone surrogate; orjson
+    would write a NaN as null, which `record_problem` refuses first and `append` checks by reading the
+    line back."""
+    if isinstance(obj, dict) and obj.get("record_version") == 1:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def digest(record: dict[str, Any]) -> str:
@@ -99,12 +128,9 @@ def content_key(record: dict[str, Any]) -> str:
 
 @lru_cache(maxsize=1)
 def _record_validator() -> Any:
-    import jsonschema
+    from pipeline.result import strict_validator
 
-    schema = json.loads(SCHEMA_PATH.read_text())
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
+    return strict_validator(json.loads(SCHEMA_PATH.read_text()))
 
 
 def schema_problems(record: dict[str, Any]) -> list[str]:
@@ -124,76 +150,137 @@ _MARKING_KEYS = frozenset(("kind", "record_version", "seq", "prev", "sha256", "a
                            "login", "reason", "by"))
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _num(v: Any, lo: float = -1e300, hi: float = 1e300) -> bool:
+    """A finite JSON number in [lo, hi] (orjson reads no NaN, but a record built in Python may hold one)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi and v == v
+
+
+def _pos(v: Any, hi: float) -> bool:
+    return _num(v, 0, hi) and v > 0
+
+
+def _int(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
 def _pos_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    return _int(v, 1, MAX_PR)
 
 
 def _str_match(pattern: re.Pattern[str], v: Any) -> bool:
-    return isinstance(v, str) and pattern.match(v) is not None
+    return isinstance(v, str) and pattern.fullmatch(v) is not None
+
+
+def _text(v: Any, cap: int) -> bool:
+    return isinstance(v, str) and len(v) <= cap and v.isprintable()
 
 
 def _pair(v: Any) -> bool:
-    return isinstance(v, list) and len(v) == 2 and all(map(_num, v))
+    return isinstance(v, list) and len(v) == 2 and _num(v[0]) and _num(v[1]) and v[0] <= v[1]
+
+
+def _scalars(v: Any, keys: int, cap: int) -> bool:
+    """A small object of JSON scalars (mode, environment): strings printable within `cap`."""
+    return isinstance(v, dict) and len(v) <= keys and all(
+        isinstance(k, str) and len(k) <= 64 and (x is None or isinstance(x, bool) or _num(x) or _text(x, cap))
+        for k, x in v.items())
+
+
+def _instant_ok(v: Any) -> bool:
+    """YYYY-MM-DDTHH:MM:SSZ naming a real second in the years EARLIEST-LATEST."""
+    if not _str_match(_INSTANT_RE, v):
+        return False
+    try:
+        t = dt.datetime.fromisoformat(v[:19])
+    except ValueError:
+        return False
+    return EARLIEST <= t.year <= LATEST
+
+
+def _iso_ok(v: Any) -> bool:
+    """An ISO 8601 time with a zone (a result's finished_at), in the years EARLIEST-LATEST."""
+    if not isinstance(v, str) or len(v) > 64:
+        return False
+    try:
+        t = dt.datetime.fromisoformat(v)
+    except ValueError:
+        return False
+    return t.tzinfo is not None and EARLIEST <= t.year <= LATEST
+
+
+def _score_ok(score: Any) -> bool:
+    if not (isinstance(score, dict) and set(score) <= {"speedup", "time_us", "interval"}
+            and _pos(score.get("speedup"), 1e6) and _pos(score.get("time_us"), 1e12)):
+        return False
+    lo_hi = score.get("interval")
+    return lo_hi is None or (_pair(lo_hi) and 0 <= lo_hi[0] <= score["speedup"] <= lo_hi[1])
+
+
+def _workload_ok(w: Any) -> bool:
+    return (isinstance(w, dict) and set(w) <= set(WORKLOAD_KEYS) and _text(w.get("workload"), 128)
+            and _pos(w.get("median_us"), 1e12) and _pos(w.get("baseline_median_us"), 1e12)
+            and _pos(w.get("speedup"), 1e6)
+            and all(_pair(w[k]) for k in ("interval_us", "baseline_interval_us") if k in w))
+
+
+def _signature_ok(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and set(v) == {"alg", "key_id", "sig"}
+                         and all(_text(x, 512) for x in v.values()))
 
 
 def record_problem(record: dict[str, Any]) -> str | None:
-    """The same rules as ledger.schema.json, checked by hand: `verify` runs this on every record
-    (jsonschema would take minutes on a competition-sized ledger). None when the record is sound."""
+    """The same rules as ledger.schema.json and the bounds of a record, checked by hand: `verify` runs this
+    on every record (jsonschema would take minutes on a competition-sized ledger), `append` on the new
+    one before anything is written. None when the record is sound."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
     kind = record.get("kind")
     keys = _RESULT_KEYS if kind == "result" else _MARKING_KEYS if kind in MARKINGS else None
     if keys is None:
-        return f"unknown kind {kind!r}"
+        return f"unknown kind {str(kind)[:40]!r}"
     if set(record) != keys:
-        missing, extra = sorted(keys - set(record)), sorted(set(record) - keys)
+        missing, extra = sorted(keys - set(record)), sorted(str(k)[:40] for k in set(record) - keys)
         return "keys " + ", ".join(filter(None, [f"missing {missing}" if missing else "",
-                                                  f"unexpected {extra}" if extra else ""]))
+                                                  f"unexpected {extra[:10]}" if extra else ""]))
     checks: list[tuple[str, bool]] = [
-        ("record_version", record["record_version"] == RECORD_VERSION
-         and not isinstance(record["record_version"], bool)),
+        ("record_version", _int(record["record_version"], 1, 2)),
+        ("seq", _int(record["seq"], 0, MAX_SAFE_INT)),
         ("prev", _str_match(_HEX64_RE, record["prev"])),
         ("sha256", _str_match(_HEX64_RE, record["sha256"])),
         ("track", record["track"] in ("kernel", "serving")),
         ("login", _str_match(LOGIN_RE, record["login"])),
     ]
     if kind == "result":
-        score = record["score"]
         checks += [
-            ("accepted_at", _str_match(_INSTANT_RE, record["accepted_at"])),
-            ("problem", _str_match(_PROBLEM_RE, record["problem"])),
+            ("accepted_at", _instant_ok(record["accepted_at"])),
+            ("problem", _str_match(_PROBLEM_RE, record["problem"]) and len(record["problem"]) <= 64),
             ("pr", _pos_int(record["pr"])),
             ("head_sha", _str_match(SHA1_RE, record["head_sha"])),
             ("blob_sha", _str_match(SHA1_RE, record["blob_sha"])),
-            ("path", isinstance(record["path"], str)),
+            ("path", _text(record["path"], 1024)),
             ("status", record["status"] in RECORDED_STATUSES),
             ("official", isinstance(record["official"], bool)),
-            ("mode", isinstance(record["mode"], dict)),
-            ("score", isinstance(score, dict) and set(score) <= {"speedup", "time_us", "interval"}
-             and all(_num(score.get(k)) and score[k] > 0 for k in ("speedup", "time_us"))
-             and ("interval" not in score or _pair(score["interval"]))),
-            ("workloads", isinstance(record["workloads"], list) and all(
-                isinstance(w, dict) and set(w) <= set(WORKLOAD_KEYS) and isinstance(w.get("workload"), str)
-                and all(_num(w.get(k)) for k in ("median_us", "baseline_median_us", "speedup"))
-                and all(_pair(w[k]) for k in ("interval_us", "baseline_interval_us") if k in w)
-                for w in record["workloads"])),
-            ("flags", isinstance(record["flags"], list) and all(isinstance(f, str) for f in record["flags"])),
-            ("environment", isinstance(record["environment"], dict)),
+            ("mode", _scalars(record["mode"], 16, 200)),
+            ("score", _score_ok(record["score"])),
+            ("workloads", isinstance(record["workloads"], list) and len(record["workloads"]) <= 256
+             and all(_workload_ok(w) for w in record["workloads"])),
+            ("flags", isinstance(record["flags"], list) and len(record["flags"]) <= 256
+             and all(_str_match(FLAG_CODE_RE, f) for f in record["flags"])),
+            ("environment", _scalars(record["environment"], len(ENVIRONMENT_KEYS), 1024)
+             and set(record["environment"]) <= set(ENVIRONMENT_KEYS)),
             ("result_sha256", _str_match(_HEX64_RE, record["result_sha256"])),
-            ("result_schema_version", isinstance(record["result_schema_version"], int)),
-            ("signature", record["signature"] is None or isinstance(record["signature"], dict)),
-            ("evaluated_at", isinstance(record["evaluated_at"], str)),
+            ("result_schema_version", _int(record["result_schema_version"], 1, 1000)),
+            ("signature", _signature_ok(record["signature"])),
+            ("evaluated_at", _iso_ok(record["evaluated_at"])),
         ]
     else:
         target = record["target"]
         checks += [
-            ("at", _str_match(_INSTANT_RE, record["at"])),
+            ("at", _instant_ok(record["at"])),
             ("target", isinstance(target, dict) and set(target) == {"pr", "head_sha"} and _pos_int(target["pr"])
              and _str_match(SHA1_RE, target["head_sha"])),
-            ("problem", isinstance(record["problem"], str)),
-            ("reason", isinstance(record["reason"], str) and record["reason"] != ""),
+            ("problem", _text(record["problem"], 64)),
+            ("reason", _text(record["reason"], 2000) and record["reason"] != ""),
             ("by", _str_match(LOGIN_RE, record["by"])),
         ]
     bad = [name for name, ok in checks if not ok]
@@ -252,12 +339,17 @@ def result_record(
     except ResultError as exc:
         raise LedgerRefusal(f"{source}: {exc}\nOnly a result written by the evaluator can be recorded; "
                             "re-run the evaluation rather than editing its result.") from None
-    if not isinstance(pr, int) or pr < 1:
-        raise LedgerRefusal(f"--pr {pr!r}: a pull request number is a positive integer")
-    if not LOGIN_RE.match(login or ""):
-        raise LedgerRefusal(f"--login {login!r} is not a GitHub login (letters, digits, hyphens, at most 39)")
-    if not SHA1_RE.match(head_sha or ""):
-        raise LedgerRefusal(f"--head-sha {head_sha!r} is not a 40-hex-digit commit SHA")
+    if not _pos_int(pr):
+        shown = f"{str(pr)[:20]}... ({len(str(pr))} digits)" if len(str(pr)) > 24 else repr(pr)
+        raise LedgerRefusal(f"--pr {shown}: a pull request number is an integer from 1 to {MAX_PR:,}; pass the "
+                            "merged PR's number")
+    if not isinstance(login, str) or not LOGIN_RE.fullmatch(login):
+        raise LedgerRefusal(f"--login {str(login)[:60]!r} is not a GitHub login (letters, digits, hyphens, at most 39)")
+    if not isinstance(head_sha, str) or not SHA1_RE.fullmatch(head_sha):
+        raise LedgerRefusal(f"--head-sha {str(head_sha)[:60]!r} is not a 40-hex-digit commit SHA")
+    if not _instant_ok(accepted_at):
+        raise LedgerRefusal(f"--merged-at {str(accepted_at)[:60]!r} is not a UTC time (YYYY-MM-DDTHH:MM:SSZ) in the "
+                            f"years {EARLIEST}-{LATEST}; pass the PR's merged_at as the GitHub API gives it")
     sub = doc["submission"]
     if not doc["official"] and not allow_unofficial:
         raise LedgerRefusal(
@@ -354,7 +446,11 @@ def marking_record(records: list[dict[str, Any]], kind: str, *, pr: int, head_sh
         raise ValueError(kind)
     if not reason.strip():
         raise LedgerRefusal("--reason is empty: say why, it is shown on the board and kept as evidence")
-    if not LOGIN_RE.match(by or ""):
+    if len(reason) > 2000 or not " ".join(reason.split()).isprintable():
+        raise LedgerRefusal("--reason: at most 2,000 printable characters (it is shown on the board); say it shorter")
+    if not _instant_ok(at):
+        raise LedgerRefusal(f"--at {at!r} is not a UTC time in the years {EARLIEST}-{LATEST}")
+    if not isinstance(by, str) or not LOGIN_RE.fullmatch(by):
         raise LedgerRefusal(f"--by {by!r} is not a GitHub login: name the organizer who decided")
     target = find_result(records, pr, head_sha)
     if at < target["accepted_at"]:
@@ -379,12 +475,16 @@ def marking_record(records: list[dict[str, Any]], kind: str, *, pr: int, head_sh
 
 
 def check_new(records: list[dict[str, Any]], body: dict[str, Any]) -> None:
-    """Refuse a result that is already in the ledger (same PR and head SHA, or the same result file)."""
+    """Refuse a result that is already in the ledger (same PR and head SHA, or the same result file), and
+    a PR recorded for a second login (a PR has one author: whoever records it for another is wrong)."""
     if body["kind"] != "result":
         return
     for r in records:
         if r["kind"] != "result":
             continue
+        if r["pr"] == body["pr"] and r["login"].lower() != body["login"].lower():
+            raise LedgerRefusal(f"PR #{body['pr']} is recorded for @{r['login']} (record seq {r['seq']}), not "
+                                f"@{body['login']}: a pull request has one author; check --pr and --login")
         if (r["pr"], r["head_sha"]) == (body["pr"], body["head_sha"]):
             raise LedgerRefusal(f"PR #{body['pr']} at head {body['head_sha']} is already in the ledger "
                                 f"(record seq {r['seq']}, {shard_name(r['accepted_at'])}); nothing to do")
@@ -414,6 +514,9 @@ def verify_shards(shards: dict[str, bytes], check_schema: bool = True,
         last_seq = -1
         for lineno, line in enumerate(data.split(b"\n")[:-1], 1):
             where = f"{where_dir}/{name} line {lineno}"
+            if len(line) > MAX_RECORD_BYTES:
+                raise LedgerBroken(f"{where}: a line of {len(line):,} bytes, more than a record's {MAX_RECORD_BYTES:,}; "
+                                   "restore the shard from git")
             try:
                 record = loads(line)
             except ValueError:
@@ -429,16 +532,21 @@ def verify_shards(shards: dict[str, bytes], check_schema: bool = True,
     entries.sort(key=lambda e: e[0])
     prev = GENESIS
     results: set[tuple[int, str]] = set()
+    authors: dict[int, str] = {}
     out = []
     for i, (seq, name, lineno, record, line) in enumerate(entries):
         where = f"{where_dir}/{name} line {lineno} (record seq {seq})"
         if seq != i:
             what = f"a second record with seq {seq}" if seq < i else f"record seq {i} is missing (removed?)"
             raise LedgerBroken(f"{where}: {what}; the chain must number records 0, 1, 2, ... without gaps")
-        if record.get("sha256") != digest(record):
+        try:
+            sealed = record.get("sha256") == digest(record)
+        except (ValueError, TypeError):
+            sealed = False
+        if not sealed:
             raise LedgerBroken(f"{where}: its sha256 does not match its content: the record was changed after it "
                                "was written; restore it from git")
-        if line != canonical(record).encode():
+        if line != canonical(record).encode():  # digest() above has shown canonical() can write it
             raise LedgerBroken(f"{where}: not in canonical form (sorted keys, no spaces): edited by hand?")
         if record.get("prev") != prev:
             what = "the first record's prev must be 64 zeros" if i == 0 else (
@@ -452,6 +560,11 @@ def verify_shards(shards: dict[str, bytes], check_schema: bool = True,
         time = record_time(record)
         if shard_name(time) != name:
             raise LedgerBroken(f"{where}: its time {time} belongs in {shard_name(time)}, not {name}")
+        pr = record["pr"] if record["kind"] == "result" else record["target"]["pr"]
+        author = authors.setdefault(pr, record["login"].lower())
+        if author != record["login"].lower():
+            raise LedgerBroken(f"{where}: names @{record['login']} for PR #{pr}, which an earlier record gives to "
+                               f"@{author}: a pull request has one author; restore the ledger from git")
         if record["kind"] == "result":
             key = (record["pr"], record["head_sha"])
             if key in results:
@@ -556,6 +669,8 @@ def verify_evidence(root: Path, records: list[dict[str, Any]], keyring: Any, *, 
         except (KeyError, TypeError, AttributeError) as exc:  # a signed document of a shape no signer writes
             raise LedgerBroken(f"{place}: {rel} is not a result this ledger can read ({type(exc).__name__}: {exc})"
                                ) from None
+        if record["record_version"] in RECORD_VERSIONS:  # written by an earlier version, kept as it was
+            expected["record_version"] = record["record_version"]
         differ = sorted(k for k in set(body) | set(expected) if body.get(k, ...) != expected.get(k, ...))
         if differ:
             raise LedgerBroken(f"{place}: {', '.join(differ)} differ{'s' if len(differ) == 1 else ''} from its signed "
@@ -694,14 +809,92 @@ def write_evidence(root: Path, raw: bytes) -> Path:
     return path
 
 
+def _crash_point(name: str) -> None:
+    """Tests only (CRASH_ENV): die here as a killed process dies, with nothing cleaned up."""
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def new_line(record: dict[str, Any]) -> bytes:
+    """The record's line, once it is shown to be sound: its bounds (record_problem), the published schema,
+    its size, and that the reader reads the line back as exactly this record."""
+    bad = record_problem(record)
+    if bad:
+        raise LedgerRefusal(f"the new record is not a valid ledger record ({bad}); nothing was written")
+    problems = schema_problems(record)
+    if problems:
+        raise LedgerRefusal(f"the new record is not a valid ledger record: {'; '.join(problems)}; nothing was written")
+    try:
+        line = canonical(record).encode()
+    except ValueError as exc:
+        raise LedgerRefusal(f"the new record cannot be written as JSON ({exc}); nothing was written") from None
+    if len(line) > MAX_RECORD_BYTES:
+        raise LedgerRefusal(f"the new record is {len(line):,} bytes, more than {MAX_RECORD_BYTES:,}: a record is a "
+                            "summary of its result (the samples stay in the evidence); nothing was written")
+    if _loader()(line) != record or b"\n" in line:
+        raise LedgerRefusal("the new record does not read back as written (a value JSON readers disagree on); "
+                            "nothing was written")
+    return line
+
+
+def _clear_stale(directory: Path) -> None:
+    """Temporary shards an append that was killed left behind (under the lock, none is in use)."""
+    for p in directory.iterdir():
+        if p.name.startswith(".") and ".jsonl.tmp" in p.name and p.is_file() and not p.is_symlink():
+            p.unlink()
+
+
+def _replace_shard(path: Path, line: bytes) -> None:
+    """The shard with `line` added, written beside it, flushed and renamed into place: the shard is
+    either as it was or holds the whole new line, whatever happens to this process."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        old = b""
+    else:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise LedgerBroken(f"{LEDGER_DIR.as_posix()}/{path.name}: not a regular file; restore it from git")
+            old = fh.read()
+    if len(old) + len(line) + 1 > MAX_SHARD_BYTES:
+        raise LedgerRefusal(f"{LEDGER_DIR.as_posix()}/{path.name} would grow past {MAX_SHARD_BYTES:,} bytes, near "
+                            "GitHub's 100 MB limit on a file; nothing was written (the ledger needs smaller shards: "
+                            "see docs/RUNBOOK.md)")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            data = old + line + b"\n"
+            half = len(old) + len(line) // 2
+            fh.write(data[:half])
+            fh.flush()
+            _crash_point("mid-write")
+            fh.write(data[half:])
+            fh.flush()
+            os.fsync(fh.fileno())
+        _crash_point("before-rename")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 def append(root: Path, body: dict[str, Any] | Callable[[list[dict[str, Any]]], dict[str, Any]],
            evidence: bytes | None = None) -> tuple[dict[str, Any], Path]:
     """Seal a record body onto the end of the chain and write it to its month's shard. `body` may be a
     function of the records already there (a marking names its target). A result record needs
     `evidence`, the exact bytes of its signed result document (they must hash to its result_sha256),
-    kept in results/evidence/ before the record is written. The whole chain is verified first, under a
-    lock: nothing is appended to a broken chain. Returns the record and its shard."""
+    kept in results/evidence/ before the record is written. Under a lock, the whole chain is verified
+    (nothing is appended to a broken chain) and the new record checked whole (new_line) before anything
+    is written; the shard is then replaced, never appended to in place (_replace_shard). Returns the
+    record and its shard."""
     with _locked(root) as directory:
+        _clear_stale(directory)
         records = verify_shards(read_shards(root))
         if callable(body):
             body = body(records)
@@ -712,19 +905,24 @@ def append(root: Path, body: dict[str, Any] | Callable[[list[dict[str, Any]]], d
             if hashlib.sha256(evidence).hexdigest() != body["result_sha256"]:
                 raise LedgerRefusal("the evidence given does not hash to the record's result_sha256: append the "
                                     "record of the result file it was read from")
-        check_new(records, body)
-        record = seal(body, len(records), records[-1]["sha256"] if records else GENESIS)
-        bad = schema_problems(record)
-        if bad:
-            raise LedgerRefusal(f"the new record is not a valid ledger record: {'; '.join(bad)}")
+        record = seal_new(body, records)
+        check_new(records, record)
+        line = new_line(record)
         if evidence is not None and body["kind"] == "result":
             write_evidence(root, evidence)
+            _crash_point("after-evidence")
         path = directory / shard_name(record_time(record))
-        with open(path, "a", encoding="ascii") as f:
-            f.write(canonical(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _replace_shard(path, line)
+        _crash_point("after-rename")
         return record, path
+
+
+def seal_new(body: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The body sealed as the next record of the chain; a body that cannot be hashed is refused."""
+    try:
+        return seal(body, len(records), records[-1]["sha256"] if records else GENESIS)
+    except (ValueError, TypeError) as exc:
+        raise LedgerRefusal(f"the new record cannot be written as JSON ({exc}); nothing was written") from None
 
 
 def now_instant() -> str:

@@ -162,6 +162,9 @@ def ledger(args: argparse.Namespace) -> int:
         return _error(REFUSED, f"the ledger does not verify: {exc}")
     except SignatureError as exc:
         return _error(USAGE, str(exc))
+    except OSError as exc:  # a full disk, a read-only checkout: the shard is replaced whole or not at all
+        return _error(REFUSED, f"the ledger could not be written ({exc.strerror or exc}); no shard was changed. "
+                      "Fix the file system and run the same command again")
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -173,18 +176,17 @@ def _rel(path: Path, root: Path) -> str:
 
 def _append(args: argparse.Namespace) -> int:
     from pipeline import ledger as lg
-
-    from pipeline.signing import loads
+    from pipeline.result import MAX_BYTES, ResultError, read_data
 
     if not args.result.is_file():
         return _error(USAGE, f"{args.result}: no such file; pass the result.json the runner uploaded")
     accepted_at = format_instant(parse_instant(args.merged_at, "--merged-at"))
     keyring = _load_keyring(args)
-    raw = args.result.read_bytes()
-    try:
-        doc = loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _error(REFUSED, f"{args.result}: not JSON ({exc}); pass the result.json the runner uploaded")
+    try:  # bounded (a result is at most MAX_BYTES), a regular file, strict JSON, and valid whole
+        raw, doc = read_data(args.result, MAX_BYTES)
+    except ResultError as exc:
+        return _error(REFUSED, f"{exc}\nOnly a result written by the evaluator can be recorded; re-run the evaluation "
+                      "rather than editing its result (pass the result.json the runner uploaded, unchanged)")
     body = lg.result_record(doc, raw, pr=args.pr, login=args.login, head_sha=args.head_sha, accepted_at=accepted_at,
                             allow_unofficial=args.allow_unofficial, source=str(args.result), keyring=keyring,
                             workloads={k: list(v[1]) for k, v in problem_workloads().items()})
