@@ -55,7 +55,7 @@ def correctness_rows(doc: dict[str, Any]) -> list[list[str]]:
             _g(worst.get("max_rel")),
             _g(worst.get("rel_l2")),
             _g(worst.get("matched_ratio"), ".4%") if "matched_ratio" in worst else "-",
-            "" if entry["passed"] else f"[{worst_name}] seed #{entry['failed_seed_index']}: {entry['reason']}",
+            "" if entry["passed"] else f"[{worst_name}] seed #{entry.get('failed_seed_index')}: {entry.get('reason')}",
         ])
     return rows
 

@@ -103,6 +103,37 @@ def live(markdown: str, *, allowed_html: set[str] = ALLOWED_HTML) -> list[str]:
     return found
 
 
+def structure(markdown: str) -> dict[str, list]:
+    """What a reader's GitHub would make of `markdown` beyond its text: every element (by type, with the
+    target of each link and image and the text of each HTML tag) and every mention, reference, URL or
+    math that GitHub's text filters would link. Two renderings that differ only in the text of a
+    competitor's strings must have the same structure."""
+    tokens = MD.parse(markdown)
+    elements = []
+    for t in _flat(tokens):
+        if t.type in ("text", "inline", "softbreak", "hardbreak") or (t.type == "html_inline"
+                                                                       and t.content in ALLOWED_HTML):
+            continue  # text, and the <span> around a literal $ (pipeline/escape.py's DOLLAR)
+        if t.type in ("link_open", "image"):
+            elements.append(f"{t.type} {t.attrs.get('href') or t.attrs.get('src')}")
+        elif t.type.startswith("html"):
+            elements.append(f"{t.type} {t.content.strip()}")
+        else:
+            elements.append(t.type)
+    text = []
+    for t in tokens:
+        if t.type == "inline":
+            depth = 0
+            for k in t.children or []:
+                depth += k.type == "link_open"
+                depth -= k.type == "link_close"
+                if k.type == "text" and not depth and k.content != "$":
+                    text.append(k.content)
+    joined = "\n".join(text)
+    linked = [f"{what}: {m.group(0)}" for what, p in GITHUB_TEXT.items() for m in p.finditer(joined)]
+    return {"elements": elements, "linked in text": linked, "math": [x for x in text if "$" in x]}
+
+
 def shown(inline_children) -> str:
     """The text a reader sees of an inline token: text and `<span>$</span>`, the zero-width spaces gone."""
     return "".join(k.content for k in inline_children if k.type == "text").replace(escape.ZWSP, "")
