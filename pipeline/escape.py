@@ -85,7 +85,7 @@ def md_inline(text: Any, limit: int | None = 500) -> str:
     to `limit` characters before escaping. Whitespace runs (newlines too) become one space."""
     s = re.sub(r"[ \t\r\n]+", " ", str(text)).strip()
     s = visible(s)
-    if _PLAIN_NUMBER.fullmatch(s):
+    if _PLAIN_NUMBER.fullmatch(s) and not _LINE_START.match(s):  # "1." alone would open a list
         return s
     s = _cut(s, limit)
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,15 +1,18 @@
 """A result document -> the text a competitor reads: the terminal table and the PR comment.
 
 Both renderers take their rows from the same builders, so the bot's comment and the local command
-show the same numbers. Everything that came from a submission (its output, its traceback, the names
-of its types) is untrusted: in the comment it goes into fenced code blocks or through `md_escape`, so
-it cannot inject markdown, links, images or @-mentions.
+show the same numbers. Everything that came from a submission or a result file (its output, its
+traceback, flags, names, the login) is untrusted and goes through pipeline/escape.py's rule for where it
+lands: `md_inline` / `md_heading` / `md_code_block` in the comment, `terminal` / `terminal_lines` in the
+terminal table, so it cannot add markdown, links, images, mentions, math, HTML or move a cursor. The
+comment fits GitHub's limit by cutting the flags and the logs, never the verdict, the workload table, the
+score or the rank (`comment_markdown`).
 
 A serving result (track serving) shows, instead of the per-workload table, its per-concurrency table
 (T_c and I_c of baseline and candidate, their ratios, turns, failures, validity), the correctness gate's
 parts and S, the unscored figures, and a PNG of throughput per GPU against interactivity
 (`serving_plot`). Every number of it is checked finite and in range as it is written (`_num`), and every
-string (a server's error, a level's reason, the engine's name) goes through `md_escape`.
+string (a server's error, a level's reason, the engine's name) goes through `md_inline`.
 """
 
 from __future__ import annotations

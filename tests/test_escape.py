@@ -142,7 +142,16 @@ def shown(inline_children) -> str:
 def expected_inline(s: str, limit: int | None = None) -> str:
     t = re.sub(r"[ \t\r\n]+", " ", s).strip()
     t = escape.visible(t)
-    return escape._cut(t, limit) if not escape._PLAIN_NUMBER.fullmatch(t) else t
+    plain = escape._PLAIN_NUMBER.fullmatch(t) and not escape._LINE_START.match(t)
+    return t if plain else escape._cut(t, limit)
+
+
+@pytest.mark.parametrize("s", ["1.", "1)", "- x", "+ x", "===", "---", "# h", "> q", "    code", "1. x", "* x"])
+def test_the_line_starts_that_open_a_block_stay_text(s):
+    md = f"{escape.md_inline(s)} is a submission\n"
+    assert [t.type for t in MD.parse(md)] == ["paragraph_open", "inline", "paragraph_close"], md
+    md = f"{escape.md_inline(s)}\n"
+    assert [t.type for t in MD.parse("text\n" + md)] == ["paragraph_open", "inline", "paragraph_close"], md
 
 
 def test_the_checker_sees_what_it_must_refuse():
