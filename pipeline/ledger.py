@@ -858,8 +858,8 @@ def _replace_shard(path: Path, line: bytes) -> None:
             old = fh.read()
     if len(old) + len(line) + 1 > MAX_SHARD_BYTES:
         raise LedgerRefusal(f"{LEDGER_DIR.as_posix()}/{path.name} would grow past {MAX_SHARD_BYTES:,} bytes, near "
-                            "GitHub's 100 MB limit on a file; nothing was written (the ledger needs smaller shards: "
-                            "see docs/RUNBOOK.md)")
+                            "GitHub's 100 MB limit on a file; nothing was written: a month this busy needs shards "
+                            "smaller than a month, which pipeline/ledger.py does not have yet (tell the maintainers)")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
