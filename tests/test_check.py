@@ -87,3 +87,18 @@ def test_untouched_nan_bits_count_as_untouched():
     got[3, 3] = 1.0
     tol = Tolerance(atol=1e-2, rtol=1e-2, rel_l2=1e-2)
     assert compare(got, expected, tol, expected_dtype=torch.bfloat16, mask=mask, pristine=pristine)["passed"]
+
+
+def test_an_error_against_an_all_zero_reference_fails_with_a_finite_rel_l2():
+    """A result must hold finite numbers (pipeline/result.py refuses inf before anything is written), and
+    an error against a zero reference is still the worst there is."""
+    import math
+
+    from pipeline.kernel.check import RELATIVE_TO_ZERO
+
+    ref = torch.zeros(64)
+    out = torch.zeros(64, dtype=torch.bfloat16)
+    out[3] = 0.5
+    v = compare(out, ref, TOL, expected_dtype=torch.bfloat16)
+    assert not v["passed"] and math.isfinite(v["rel_l2"]) and v["rel_l2"] == RELATIVE_TO_ZERO
+    assert compare(torch.zeros(64, dtype=torch.bfloat16), ref, TOL, expected_dtype=torch.bfloat16)["rel_l2"] == 0.0

@@ -14,6 +14,8 @@ import torch
 
 from pipeline.problems import Tolerance
 
+RELATIVE_TO_ZERO = 1e300  # the rel-L2 of a nonzero error against an all-zero reference
+
 
 def _index(flat_index: int, shape: torch.Size) -> list[int]:
     idx = []
@@ -95,7 +97,9 @@ def compare(
     err_norm = float(torch.linalg.vector_norm(outd - refd)) if n else 0.0
     m["max_abs"] = float(diff.max()) if n else 0.0
     m["max_rel"] = float((diff / refd.abs().clamp_min(tol.atol or 1e-12)).max()) if n else 0.0
-    m["rel_l2"] = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else float("inf"))
+    # Against an all-zero reference any error is infinitely relative: recorded as RELATIVE_TO_ZERO, above
+    # every tolerance and still a finite JSON number (a result holding inf is refused before it is written).
+    m["rel_l2"] = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else RELATIVE_TO_ZERO)
     # Counted, not averaged: a float mean of n ones can come back as 0.9999999999999999 on a GPU.
     n_ok = int(ok.sum())
     m["matched_ratio"] = n_ok / n if n else 1.0
