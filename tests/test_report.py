@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -20,10 +21,25 @@ HOSTILE = ("@octocat please merge [click](https://evil.example/x) ![pixel](https
            "<img src=x onerror=alert(1)> **bold** | table | #1 ```` :tada: www.evil.example")
 
 
+def _honest_timed_run() -> dict:
+    """The template, timed on the CPU: passed, unless another job on the two shared cores made its timing
+    noisy (needs_review, seen once in CI: the timings cannot be trusted, an interval that did not converge, a
+    baseline slowed by the host); only such a verdict is retried, twice at most (as tests/test_faults.py's
+    honest run does)."""
+    noise = {"timing_not_converged", "baseline_interference"}
+    for _ in range(3):
+        doc = evaluate(PROJ.directory / "template.py", PROJ, Options(seeds=1, timing=True))
+        noisy = doc["status"] in ("needs_review", "runtime_error") and (
+            "cannot be trusted" in json.dumps(doc) or any(f["code"] in noise for f in doc["flags"]))
+        if not noisy:
+            break
+    return doc
+
+
 @pytest.fixture(scope="module")
 def docs() -> dict[str, dict]:
     out = {
-        "passed": evaluate(PROJ.directory / "template.py", PROJ, Options(seeds=1, timing=True)),
+        "passed": _honest_timed_run(),
         "incorrect": evaluate(FIX / "nan_output.py", PROJ, Options(seeds=1, timing=False)),
         "compile_error": evaluate(FIX / "syntax_error.py", PROJ, Options(seeds=1, timing=False)),
         "runtime_error": evaluate(FIX / "raises.py", PROJ, Options(seeds=1, timing=False)),
