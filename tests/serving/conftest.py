@@ -72,6 +72,7 @@ def scratch(tmp_path, sglang_tree):
 
 HERE = Path(__file__).resolve().parent
 SCRIPTED = HERE / "scripted_server.py"
+CHILD_SERVER = HERE / "child_server.py"  # scripted_server.py imports it, in its sandbox too
 
 
 def tiny_dataset(path: Path, conversations: int = 6, turns: int = 4, max_tokens: int = 6,
@@ -110,7 +111,7 @@ def scripted_template(script: dict | None = None, name: str = "scripted", ready_
     if tag:  # a word on its command line, so a test can find every process of its own servers
         argv += ["--tag", tag]
     lines = [f"[launch.{name}]", 'engine = "sglang"', 'version = "aiohttp"', "gpus = 1", 'device = "cpu"',
-             f"argv = {json.dumps(argv)}", 'tokenizer = "pinned"', f'readable = ["{{tree}}", {json.dumps(str(SCRIPTED))}]',
+             f"argv = {json.dumps(argv)}", 'tokenizer = "pinned"', f'readable = ["{{tree}}", {json.dumps(str(SCRIPTED))}, {json.dumps(str(CHILD_SERVER))}]',
              'ready = "/health"', f"ready_timeout_s = {ready_timeout_s}",
              'slowdown = ["--chunk-delay-ms", "{delay_ms}"]']
     if warmup:

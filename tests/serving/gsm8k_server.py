@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from child_server import ChildServer  # noqa: E402 - beside this script, also when run as one
+
 DATA = Path(__file__).resolve().parents[2] / "datasets" / "gsm8k" / "test.jsonl"
 BEHAVIOURS = ("right", "right_dollars", "ramble", "wrong", "none", "http_500", "bad_json", "hang")
 
@@ -124,37 +126,11 @@ async def main(port: int) -> None:
     await asyncio.Event().wait()
 
 
-class Server:
+class Server(ChildServer):
     """The server as a child process: start() waits for its port, stop() kills it and waits."""
 
-    def __init__(self):
-        self.proc = None
-        self.port = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "Server":
-        import subprocess
-
-        self.proc = subprocess.Popen([sys.executable, __file__, "--port", "0"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
-            self.stop()
-            raise RuntimeError(f"the GSM8K test server did not start: {line!r} {err[-2000:]}")
-        self.port = int(line.split()[1])
-        return self
-
-    def _call(self, path: str, payload: dict | None = None) -> dict:
-        import urllib.request
-
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
+    script_path = __file__
+    name = "GSM8K test server"
 
     def plan(self, default: str = "right", lines: dict[int, str] | None = None, delay_s: float = 0.0) -> None:
         """Replace the plan and clear the log."""
@@ -163,20 +139,6 @@ class Server:
 
     def log(self) -> dict:
         return self._call("/_log")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc.stdout.close()
-            self.proc.stderr.close()
-
-    def __enter__(self) -> "Server":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 if __name__ == "__main__":

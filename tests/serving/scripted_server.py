@@ -52,6 +52,8 @@ import time
 import orjson
 from aiohttp import web
 
+from child_server import ChildServer  # noqa: E402 - beside this script, also when run as one
+
 SCRIPT = {
     "ttft_s": 0.0,
     "token_s": 0.0,
@@ -316,33 +318,19 @@ async def main(port: int, script: dict | None = None) -> None:
     await asyncio.Event().wait()
 
 
-class Server:
+class Server(ChildServer):
     """The server as a child process of a test: start(), script(**fields), log(), stop().
 
     Used as a context manager; stop() kills it and waits, so nothing is left running.
     """
 
-    def __init__(self, env: dict | None = None):
-        self.proc = None
-        self.port = None
-        self.env = env
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    script_path = __file__
+    name = "scripted server"
 
     def start(self, timeout: float = 20.0) -> "Server":
-        import subprocess
         import urllib.request
 
-        self.proc = subprocess.Popen([sys.executable, __file__, "--port", "0"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=self.env)
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
-            self.stop()
-            raise RuntimeError(f"the scripted server did not start: {line!r} {err[-2000:]}")
-        self.port = int(line.split()[1])
+        super().start()
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -356,35 +344,12 @@ class Server:
                 raise RuntimeError("the scripted server never answered /health")
             time.sleep(0.05)
 
-    def _call(self, path: str, payload: dict | None = None) -> dict:
-        import urllib.request
-
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
-
     def script(self, **fields) -> dict:
         """Replace the script (unnamed fields take their defaults) and clear the log."""
         return self._call("/_script", fields)
 
     def log(self) -> dict:
         return self._call("/_log")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-        if self.proc is not None:
-            self.proc.wait(timeout=10)
-            for stream in (self.proc.stdout, self.proc.stderr):
-                if stream:
-                    stream.close()
-
-    def __enter__(self) -> "Server":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 if __name__ == "__main__":

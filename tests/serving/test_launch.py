@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTED, pin_with, scripted_template
+from conftest import CHILD_SERVER, SCRIPTED, pin_with, scripted_template
 from pipeline import sandbox
 from pipeline.serving import launch
 from pipeline.serving import pin as pin_stage
@@ -233,7 +233,7 @@ def test_the_delay_knob_slows_every_chunk_of_a_uvicorn_app(tmp_path, limits, sgl
     table = "\n".join([
         "[launch.asgi]", 'engine = "openai"', 'version = "uvicorn"', "gpus = 1", 'device = "cpu"',
         'argv = ["{python}", "-m", "uvicorn", "--port", "{port}", "--host", "127.0.0.1", "scripted_server:asgi_app"]',
-        'tokenizer = "pinned"', f'readable = ["{SCRIPTED}"]', 'ready = "/health"', "ready_timeout_s = 30",
+        'tokenizer = "pinned"', f'readable = ["{SCRIPTED}", "{CHILD_SERVER}"]', 'ready = "/health"', "ready_timeout_s = 30",
         'slowdown = "asgi"', f'env = {{ PYTHONPATH = "{SCRIPTED.parent}" }}', ""])
     template = pin_stage.launch_template(pin_stage.load_pin(pin_with(tmp_path / "pin.toml", table)), "asgi")
 
