@@ -49,6 +49,8 @@ from typing import Any, Callable, Iterable, Iterator
 import orjson
 
 from pipeline.competition import format_instant
+# the years a record's times may name, as a result's; evaluated_at is the result's finished_at
+from pipeline.result import EARLIEST, LATEST, parse_instant
 
 LEDGER_DIR = Path("results") / "ledger"
 EVIDENCE_DIR = Path("results") / "evidence"
@@ -71,7 +73,6 @@ MAX_PR = 2**31 - 1  # GitHub's pull request numbers are GraphQL Ints (32 bits)
 MAX_SAFE_INT = 2**53 - 1
 MAX_RECORD_BYTES = 64 * 1024  # a record is a summary: its result's samples stay in the evidence
 MAX_SHARD_BYTES = 95 * 1024 * 1024  # GitHub refuses a push of a file over 100 MB
-EARLIEST, LATEST = 2000, 2100  # the years a record's times may name
 FLAG_CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # tests only: the name of a point at which `append` kills its own process with SIGKILL (tests/exploits)
 CRASH_ENV = "PIPELINE_TEST_KILL_APPEND_AT"
@@ -197,17 +198,6 @@ def _instant_ok(v: Any) -> bool:
     return EARLIEST <= t.year <= LATEST
 
 
-def _iso_ok(v: Any) -> bool:
-    """An ISO 8601 time with a zone (a result's finished_at), in the years EARLIEST-LATEST."""
-    if not isinstance(v, str) or len(v) > 64:
-        return False
-    try:
-        t = dt.datetime.fromisoformat(v)
-    except ValueError:
-        return False
-    return t.tzinfo is not None and EARLIEST <= t.year <= LATEST
-
-
 def _score_ok(score: Any) -> bool:
     if not (isinstance(score, dict) and set(score) <= {"speedup", "time_us", "interval"}
             and _pos(score.get("speedup"), 1e6) and _pos(score.get("time_us"), 1e12)):
@@ -271,7 +261,7 @@ def record_problem(record: dict[str, Any]) -> str | None:
             ("result_sha256", _str_match(_HEX64_RE, record["result_sha256"])),
             ("result_schema_version", _int(record["result_schema_version"], 1, 1000)),
             ("signature", _signature_ok(record["signature"])),
-            ("evaluated_at", _iso_ok(record["evaluated_at"])),
+            ("evaluated_at", parse_instant(record["evaluated_at"]) is not None),
         ]
     else:
         target = record["target"]

