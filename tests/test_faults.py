@@ -37,6 +37,7 @@ from loopback import LoopbackServer
 from pipeline import result, runner, sandbox
 from pipeline.kernel.evaluate import WALL_CLOCK_LIMITS, BaselineFailure, Limits, Options, evaluate
 from pipeline.problems import load_problem
+from shared_cores import retrying_noise
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "faults"
@@ -125,17 +126,9 @@ def until_healthy(device: str, ignore: set[int] = frozenset(), within: float = 6
 
 
 def honest_cpu_run() -> tuple[dict, int]:
-    """The honest evaluation on the CPU, and how many times it had to be repeated. On the CPU the parent
-    bounds each worker's reported time by its own wall clock (0.85-1.02) as on the GPU, and a machine
-    loaded by other work (load averages of 30 on these two cores were seen) pushes an honest worker's
-    blocks (the submission's: runtime_error; the baseline's: needs_review) out of that bound now and
-    then: that verdict, and only it, is retried, twice at most. Nothing on a CPU is official."""
-    for attempt in range(3):
-        doc = evaluate(TEMPLATE, PROJ, Options(**CPU, **HONEST))
-        noise = doc["status"] in ("runtime_error", "needs_review") and "the timings cannot be trusted" in message(doc)
-        if not noise:
-            break
-    return doc, attempt
+    """The honest evaluation on the CPU, and how many times it had to be repeated (tests/shared_cores.py:
+    only a noise verdict of the two shared cores is retried, twice at most)."""
+    return retrying_noise(lambda: evaluate(TEMPLATE, PROJ, Options(**CPU, **HONEST)))
 
 
 def m1_median(doc: dict) -> float:

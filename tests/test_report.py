@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import re
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from pipeline import report, result
 from pipeline.kernel.evaluate import Limits, Options, evaluate
 from pipeline.problems import load_problem
+from shared_cores import retrying_noise
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "submissions"
@@ -22,18 +22,9 @@ HOSTILE = ("@octocat please merge [click](https://evil.example/x) ![pixel](https
 
 
 def _honest_timed_run() -> dict:
-    """The template, timed on the CPU: passed, unless another job on the two shared cores made its timing
-    noisy (needs_review, seen once in CI: the timings cannot be trusted, an interval that did not converge, a
-    baseline slowed by the host); only such a verdict is retried, twice at most (as tests/test_faults.py's
-    honest run does)."""
-    noise = {"timing_not_converged", "baseline_interference"}
-    for _ in range(3):
-        doc = evaluate(PROJ.directory / "template.py", PROJ, Options(seeds=1, timing=True))
-        noisy = doc["status"] in ("needs_review", "runtime_error") and (
-            "cannot be trusted" in json.dumps(doc) or any(f["code"] in noise for f in doc["flags"]))
-        if not noisy:
-            break
-    return doc
+    """The template, timed on the CPU, passed unless the shared cores made its timing noisy: only such a
+    verdict is retried (tests/shared_cores.py)."""
+    return retrying_noise(lambda: evaluate(PROJ.directory / "template.py", PROJ, Options(seeds=1, timing=True)))[0]
 
 
 @pytest.fixture(scope="module")
