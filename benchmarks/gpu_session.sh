@@ -126,7 +126,8 @@ for what in "$@"; do
              step serving-model 120 python3 benchmarks/serving_model.py /tmp/serving-model --device cuda
              PIPELINE_SERVING_MODEL=/tmp/serving-model step serving-eval 480 python3 -m pipeline serving evaluate \
                benchmarks/serving_noop.diff --launch transformers --dataset "${DATASET:-.whl/serving/smoke-64.json.gz}" \
-               --levels 1,4,16,32 --window-s 15 --warmup-s 5 --runs 1 --gsm8k-questions 16 --gsm8k-max-tokens 256 \
+               --levels "${LEVELS:-1,4,16,32}" --window-s "${WINDOW_S:-15}" --warmup-s "${WARMUP_S:-5}" --runs 1 \
+               --gsm8k-questions "${GSM8K_Q:-16}" --gsm8k-max-tokens 256 \
                --json "$OUT/serving-h200.json" ;;
     # What the device image has for the serving track's H200 run (issue 14).
     env) step env 60 bash -c 'python3 -V; nvidia-smi -L; python3 -c "import importlib
@@ -136,6 +137,15 @@ for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", 
     except Exception as exc:
         print(m, \"MISSING\", type(exc).__name__, exc)"; pip list 2>/dev/null | head -300' ;;
     # Issue 12: each kernel of the fused MoE's time per call at the decode sizes (torch.profiler).
+    # Issue 12: what bounds the fused MoE's two grouped GEMMs at M1 and M16 (Nsight Compute: speed of light,
+    # memory, occupancy, launch, warp stalls; at ncu's locked base clock, cache flushed between replays).
+    moe-ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+             for m in 1 16; do
+               step moe-ncu-m$m 120 "$NCU" --clock-control none --target-processes all -k "regex:gate_up|_down" --launch-count 2 \
+                 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+                 --section WarpStateStats --section SchedulerStats --page details --csv \
+                 python3 benchmarks/moe_breakdown.py --m $m --plain --calls 1
+             done ;;
     moe-breakdown) step moe-breakdown 90 python3 benchmarks/moe_breakdown.py --json "$OUT/moe-breakdown.json" ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     # Issue 16: what this machine has to build with (which nvcc, nvcc --version, ninja, c++), the wheels of

@@ -6,6 +6,7 @@ each kernel's mean duration per call is printed beside the sum, the floor and th
 on the bytes it must read (the experts the batch uses). GPU only.
 
     python benchmarks/moe_breakdown.py [--m 1 --m 16 --m 32] [--calls 40] [--json OUT]
+    ncu -k regex:gate_up|_down ... python benchmarks/moe_breakdown.py --m 1 --plain   (gpu_session.sh moe-ncu)
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def main() -> None:
     ap.add_argument("--m", type=int, action="append")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plain", action="store_true",
+                    help="only run the calls, no profiler (under Nsight Compute, which needs CUPTI to itself)")
     args = ap.parse_args()
     problem = load_problem("muse_moe_w4a16")
     ref = problem.reference
@@ -50,6 +53,10 @@ def main() -> None:
         for s in sets:  # compile and warm
             fused.fused_moe(*(s[k] for k in KEYS))
         torch.cuda.synchronize()
+        if args.plain:
+            print(f"M{m}: config {cfg}; warmed on {len(sets)} input sets (no profiler)")
+            del sets
+            continue
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for i in range(args.calls):
                 fused.fused_moe(*(sets[i % len(sets)][k] for k in KEYS))
