@@ -175,18 +175,21 @@ def measure(n: int, plots: bool) -> dict:
 
 def in_process(root: str, now: str) -> None:
     """Everything the three commands compute, from one read of the ledger, in one process."""
-    from pipeline import board as bd
+    from pipeline.board.prizes import render_prizes
+    from pipeline.board.render import render_board
+    from pipeline.board.snapshots import snapshots
+    from pipeline.board.standings import derive
     from pipeline.competition import load, parse_instant
 
     gc.disable()  # as the commands run (pipeline.ledger.paused_gc)
     t0 = time.perf_counter()
     records = list(lg.iter_records(Path(root)))
     t1 = time.perf_counter()
-    d = bd.derive(records, load(Path(root) / "competition.toml"), problem_workloads(), parse_instant(now))
+    d = derive(records, load(Path(root) / "competition.toml"), problem_workloads(), parse_instant(now))
     t2 = time.perf_counter()
-    board = bd.render_board(d)
-    snaps = list(bd.snapshots(d))
-    prizes = bd.render_prizes(d)
+    board = render_board(d)
+    snaps = list(snapshots(d))
+    prizes = render_prizes(d)
     t3 = time.perf_counter()
     assert len(snaps) == 672 and board and prizes
     print(json.dumps({"read_s": round(t1 - t0, 3), "derive_s": round(t2 - t1, 3), "render_s": round(t3 - t2, 3),

@@ -209,10 +209,15 @@ VERBS = {
     "problems": (_problems_args, problems),
 }
 
-# ---- the results ledger and the boards: `ledger`, `board`, `snapshots`, `prizes` (pipeline/ledger_cli.py) ----
+# ---- the results ledger: `ledger` (pipeline/ledger_cli.py) ----
 from pipeline import ledger_cli as _ledger_cli  # noqa: E402
 
 VERBS.update(_ledger_cli.VERBS)
+
+# ---- the boards: `board`, `snapshots`, `prizes` (pipeline/board/cli.py) ----
+from pipeline.board import cli as _board_cli  # noqa: E402
+
+VERBS.update(_board_cli.VERBS)
 
 # ---- result signatures: `sign`, `verify-result` (pipeline/signing_cli.py) ----
 from pipeline import signing_cli as _signing_cli  # noqa: E402

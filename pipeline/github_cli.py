@@ -435,12 +435,13 @@ def _post_args(p: argparse.ArgumentParser) -> None:
 
 def _would_be_rank(doc: dict) -> str | None:
     """The rank the comment shows, from main's ledger; a comment is still posted if it cannot be had."""
-    from pipeline import board, competition, ledger
+    from pipeline import competition, ledger
+    from pipeline.board.standings import would_be_rank
     from pipeline.ledger_cli import problem_workloads
     from pipeline.problems import REPO_ROOT
 
     try:
-        return board.would_be_rank(ledger.read(REPO_ROOT), competition.load(), problem_workloads(), doc,
+        return would_be_rank(ledger.read(REPO_ROOT), competition.load(), problem_workloads(), doc,
                                    ledger.now_instant())
     except Exception as exc:  # noqa: BLE001 - the rank is a courtesy; the verdict must still be posted
         print(f"note: no would-be rank ({type(exc).__name__}: {exc})", file=sys.stderr)

@@ -1,26 +1,22 @@
-"""The verbs of the results ledger and the boards: `ledger` (append, verify, disqualify, clear),
-`board`, `snapshots`, `prizes`. Registered in pipeline/cli.py's VERBS.
+"""The verb of the results ledger: `ledger` (append, verify, disqualify, clear). Registered in
+pipeline/cli.py's VERBS (the boards' verbs are in pipeline/board/cli.py).
 
-The only code of the ledger and the boards that touches files: parse arguments, read the ledger and
-the configuration, call the pure functions of `pipeline.ledger` and `pipeline.board`, write what they
-return. Exit codes: 0 done, 1 refused or verification failed, 2 usage error.
+The only code of the ledger that touches files: parse arguments, read the ledger and the
+configuration, call the pure functions of `pipeline.ledger`, write what they return.
+Exit codes: 0 done, 1 refused or verification failed, 2 usage error.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.competition import REPO_ROOT, Competition, CompetitionError, InstantError, format_instant, parse_instant
+from pipeline.competition import REPO_ROOT, InstantError, format_instant, parse_instant
 from pipeline.signing import SignatureError
 
 OK, REFUSED, USAGE = 0, 1, 2
-SNAPSHOTS_DIR = Path("results") / "snapshots"
 
 
 def _error(code: int, message: str) -> int:
@@ -28,25 +24,11 @@ def _error(code: int, message: str) -> int:
     return code
 
 
-def _common(p: argparse.ArgumentParser, now: bool = False) -> None:
+def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", type=Path, default=REPO_ROOT,
                    help="the folder holding results/ and leaderboard.md (default: the repository)")
     p.add_argument("--competition", type=Path, metavar="TOML",
                    help="the competition configuration (default: ROOT/competition.toml)")
-    if now:
-        p.add_argument("--now", metavar="ISO8601", help="the current time, UTC (default: the clock)")
-
-
-def _now(args: argparse.Namespace) -> dt.datetime:
-    if getattr(args, "now", None):
-        return parse_instant(args.now, "--now")
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-
-
-def _competition(args: argparse.Namespace) -> Competition:
-    from pipeline.competition import load
-
-    return load(args.competition or Path(args.root) / "competition.toml")
 
 
 def problem_workloads() -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -58,20 +40,6 @@ def problem_workloads() -> dict[str, tuple[str, tuple[str, ...]]]:
         p = load_problem(name)
         out[name] = (p.title, tuple(w["name"] for w in p.workloads))
     return out
-
-
-def _write_if_changed(path: Path, data: bytes) -> bool:
-    """Atomically replace `path` with `data` unless it already holds exactly that; True if written."""
-    try:
-        if path.read_bytes() == data:
-            return False
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return True
 
 
 # ---- ledger ----
@@ -197,134 +165,8 @@ def _append(args: argparse.Namespace) -> int:
     return OK
 
 
-# ---- board, snapshots, prizes ----
-
-def _derived(args: argparse.Namespace):
-    """The derived views for a verb, or the exit code (already explained on stderr) of why not."""
-    from pipeline import ledger as lg
-
-    try:
-        return _derive(args)
-    except (CompetitionError, InstantError) as exc:
-        return _error(USAGE, str(exc))
-    except lg.LedgerBroken as exc:
-        return _error(REFUSED, str(exc))
-
-
-def _derive(args: argparse.Namespace) -> Any:
-    from pipeline import board, ledger as lg
-
-    competition = _competition(args)
-    return board.derive(lg.iter_records(args.root), competition, problem_workloads(), _now(args))
-
-
-def _board_args(p: argparse.ArgumentParser) -> None:
-    _common(p, now=True)
-    p.add_argument("--no-plots", action="store_true", help="skip the PNGs (no matplotlib needed)")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 when leaderboard.md is not what the ledger gives")
-
-
-def board(args: argparse.Namespace) -> int:
-    """Regenerate leaderboard.md (and a PNG per board of its best score over time) from the ledger alone."""
-    from pipeline import board as bd
-
-    d = _derived(args)
-    if isinstance(d, int):
-        return d
-    root = Path(args.root)
-    written: list[str] = []
-    digests = {s.id: bd.plot_digest(d, s) for s in d.specs}
-    current = {s.id for s in d.specs if digests[s.id] and (root / bd.plot_path(s)).is_file()
-               and bd.png_description((root / bd.plot_path(s)).read_bytes()) == f"series sha256 {digests[s.id]}"}
-    if args.no_plots:
-        plots = {s.id for s in d.specs if (root / bd.plot_path(s)).is_file()}
-    else:
-        plots = {s.id for s in d.specs if digests[s.id]}
-    text = bd.render_board(d, plots).encode()
-    target = root / "leaderboard.md"
-    if args.check:
-        stale = sorted(bd.plot_path(s) for s in d.specs if s.id in plots - current) if not args.no_plots else []
-        if (target.read_bytes() if target.is_file() else b"") != text or stale:
-            what = ", ".join([_rel(target, root)] + stale)
-            return _error(REFUSED, f"{what}: not what the ledger gives; regenerate with `python -m pipeline board`")
-        print(f"{_rel(target, root)} is up to date")
-        return OK
-    if not args.no_plots:
-        for spec in d.specs:
-            if spec.id not in plots or spec.id in current:
-                continue
-            try:
-                png = bd.render_plot(d, spec)
-            except ImportError:
-                return _error(USAGE, "the plots need matplotlib: pip install matplotlib, or pass --no-plots")
-            if png is not None and _write_if_changed(root / bd.plot_path(spec), png):
-                written.append(bd.plot_path(spec))
-        folder = root / "leaderboard"
-        wanted = {Path(bd.plot_path(s)).name for s in d.specs if s.id in plots}
-        if folder.is_dir():
-            for old in sorted(folder.glob("*.png")):
-                if old.name not in wanted:
-                    old.unlink()
-                    written.append(f"removed {_rel(old, root)}")
-    if _write_if_changed(target, text):
-        written.insert(0, "leaderboard.md")
-    print(f"board from {d.records} results: " + (", ".join(written) if written else "nothing changed"))
-    return OK
-
-
-def _snapshots_args(p: argparse.ArgumentParser) -> None:
-    _common(p, now=True)
-
-
-def snapshots(args: argparse.Namespace) -> int:
-    """Write every missing hourly snapshot results/snapshots/YYYY-MM-DD/HH.json (and .md) up to now.
-
-    A snapshot that no longer matches the ledger (a record accepted in that hour arrived late, or a
-    marking changed a past standing) is rewritten: a snapshot is a function of the ledger alone.
-    """
-    from pipeline import board as bd
-
-    d = _derived(args)
-    if isinstance(d, int):
-        return d
-    base = Path(args.root) / SNAPSHOTS_DIR
-    missing = refreshed = 0
-    for rel, text, md in bd.snapshots(d):
-        path = base / f"{rel}.json"
-        existed = path.exists()
-        changed = _write_if_changed(path, text.encode())
-        changed = _write_if_changed(base / f"{rel}.md", md.encode()) or changed
-        if changed:
-            missing += not existed
-            refreshed += existed
-    print(f"{len(d.instants)} snapshot hours up to {format_instant(d.now)}: wrote {missing} missing, "
-          f"refreshed {refreshed} that the ledger now gives differently")
-    return OK
-
-
-def _prizes_args(p: argparse.ArgumentParser) -> None:
-    _common(p, now=True)
-    p.add_argument("--json", action="store_true", help="print machine-readable")
-
-
-def prizes(args: argparse.Namespace) -> int:
-    """Print every daily window's winner per board, with hours on top, from the ledger alone."""
-    from pipeline import board as bd
-
-    d = _derived(args)
-    if isinstance(d, int):
-        return d
-    if args.json:
-        print(json.dumps({"now": format_instant(d.now), "rule": d.competition.daily_rule,
-                          "windows": bd.prizes_rows(d)}, indent=1, sort_keys=True))
-    else:
-        print(bd.render_prizes(d), end="")
-    return OK
-
-
 def _without_gc(run: Any) -> Any:
-    """The boards' verbs hold the whole ledger's entries for their short life and create no cycles
+    """The ledger's verb holds the whole ledger's records for its short life and creates no cycles
     worth collecting; the cyclic collector would rescan those millions of objects again and again."""
     from functools import wraps
 
@@ -339,8 +181,5 @@ def _without_gc(run: Any) -> Any:
 
 
 VERBS = {
-    "board": (_board_args, _without_gc(board)),
     "ledger": (_ledger_args, _without_gc(ledger)),
-    "prizes": (_prizes_args, _without_gc(prizes)),
-    "snapshots": (_snapshots_args, _without_gc(snapshots)),
 }

@@ -318,7 +318,7 @@ def publish_verb(args: argparse.Namespace) -> int:
         steps = snapshot_steps(args)
         message = f"snapshots: backfill up to {args.now or format(dt.datetime.now(dt.timezone.utc), '%Y-%m-%dT%H:00Z')}"
     # Import everything the steps use now: the worktrees are data, never the code that runs.
-    import pipeline.board  # noqa: F401
+    import pipeline.board.cli  # noqa: F401
     import pipeline.ledger  # noqa: F401
     import pipeline.ledger_cli  # noqa: F401
 
@@ -463,7 +463,7 @@ def reconcile(args: argparse.Namespace) -> int:
     from pipeline.github import GitHub, GitHubError
     from pipeline.signing import SignatureError
 
-    import pipeline.board  # noqa: F401 - everything the steps use, before the worktrees exist
+    import pipeline.board.cli  # noqa: F401 - everything the steps use, before the worktrees exist
     import pipeline.ledger_cli  # noqa: F401
 
     repo = Path(args.repo)

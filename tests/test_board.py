@@ -12,10 +12,12 @@ import random
 import shutil
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ledger_factory import PROBLEMS, competition, raw, result_doc, sha, write_competition
-from pipeline import board as bd, competition as comp, ledger as lg
+from pipeline import competition as comp, ledger as lg
+from pipeline.board import plots, prizes as pz, render, snapshots as sn, standings
 from pipeline.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,16 +63,16 @@ def chain(bodies: list[dict]) -> list[dict]:
     return out
 
 
-def derive(records: list[dict], now: str, c: comp.Competition | None = None) -> bd.Derived:
-    return bd.derive(records, c or competition(), PROBLEMS, comp.parse_instant(now))
+def derive(records: list[dict], now: str, c: comp.Competition | None = None) -> standings.Derived:
+    return standings.derive(records, c or competition(), PROBLEMS, comp.parse_instant(now))
 
 
-def holders(d: bd.Derived, board: str = "kernel/muse_bf16_proj") -> list[str | None]:
+def holders(d: standings.Derived, board: str = "kernel/muse_bf16_proj") -> list[str | None]:
     return [s.holder.login if s.holder else None for s in d.timeline[board]]
 
 
-def everything(d: bd.Derived) -> tuple[str, list, str, str]:
-    return bd.render_board(d), list(bd.snapshots(d)), bd.render_prizes(d), json.dumps(bd.prizes_rows(d))
+def everything(d: standings.Derived) -> tuple[str, list, str, str]:
+    return render.render_board(d), list(sn.snapshots(d)), pz.render_prizes(d), json.dumps(pz.prizes_rows(d))
 
 
 def unchained(text: str) -> str:
@@ -99,14 +101,14 @@ def test_ties_share_a_rank_by_overlap_with_the_group_leader():
         result(6, "fay", 1.700, at(6), rel=0.0),    # exactly equal point scores tie
     ])
     d = derive(recs, at(48))
-    rows = bd.standing(d.entries["kernel/muse_bf16_proj"]).rows
+    rows = standings.standing(d.entries["kernel/muse_bf16_proj"]).rows
     assert [(r, e.login) for r, e in rows] == [(1, "bob"), (1, "ann"), (3, "cat"), (3, "dan"), (5, "eve"), (5, "fay")]
 
 
 def test_each_competitor_best_result_only_and_equal_scores_go_to_the_earlier():
     recs = chain([result(1, "ann", 1.5, at(1)), result(2, "Ann", 1.8, at(2)), result(3, "ann", 1.8, at(3)),
                   result(4, "bob", 1.2, at(4))])
-    rows = bd.standing(derive(recs, at(48)).entries["kernel/muse_bf16_proj"]).rows
+    rows = standings.standing(derive(recs, at(48)).entries["kernel/muse_bf16_proj"]).rows
     assert [(r, e.login, e.pr) for r, e in rows] == [(1, "Ann", 2), (2, "bob", 4)]
 
 
@@ -130,7 +132,7 @@ def mixed_ledger() -> list[dict]:
 
 
 def test_board_shows_every_part_the_spec_asks_for():
-    text = bd.render_board(derive(mixed_ledger(), at(30)), plots={"kernel/muse_bf16_proj"})
+    text = render.render_board(derive(mixed_ledger(), at(30)), plots={"kernel/muse_bf16_proj"})
     bf16 = text[text.index("### `muse_bf16_proj`"):text.index("### `muse_decode_layer`")]
     lines = [x for x in bf16.splitlines() if x.startswith("| ")]
     assert lines[0] == ("| rank | competitor | time (us) | speedup | 95% interval | M1 | M16 | M32 | PR | "
@@ -165,7 +167,7 @@ def test_board_shows_every_part_the_spec_asks_for():
 
 
 def test_empty_boards_show_the_baseline_and_say_so():
-    text = bd.render_board(derive([], at(-30)))
+    text = render.render_board(derive([], at(-30)))
     assert text.count("No ranked results yet.") == len(PROBLEMS) and "No results yet." in text
     assert "| | baseline (`reference/muse_moe_w4a16.py:baseline`) | - | 1.000x |" in text
     assert "No window is open. The kernel track opens 2026-10-22 00:00 UTC; its first window closes 2026-10-23 00:00 UTC." in text
@@ -214,8 +216,8 @@ def test_same_ledger_same_bytes_whatever_the_arrival_order(spec, marks, rnd, now
     da, db = derive(a, now), derive(b, now)
     assert without_chains(everything(da)) == without_chains(everything(db))
     for d, records in ((da, a), (db, b)):
-        assert d.chain == bd.ChainHead(len(records), records[-1]["sha256"])
-        assert f"Ledger chain head: `{records[-1]['sha256']}` (record seq {len(records) - 1}," in bd.render_board(d)
+        assert d.chain == standings.ChainHead(len(records), records[-1]["sha256"])
+        assert f"Ledger chain head: `{records[-1]['sha256']}` (record seq {len(records) - 1}," in render.render_board(d)
 
 
 def test_cli_outputs_are_byte_identical_across_arrival_orders_and_reruns(tmp_path, capsys):
@@ -279,12 +281,12 @@ def test_board_check_and_stale_plots(tmp_path, capsys, monkeypatch):
     assert main(["board", "--check", *args]) == 1
     assert main(["board", *args]) == 0 and main(["board", "--check", *args]) == 0
     png = tmp_path / "leaderboard/muse_bf16_proj.png"
-    assert png.read_bytes().startswith(b"\x89PNG") and bd.png_description(png.read_bytes()).startswith("series sha256 ")
+    assert png.read_bytes().startswith(b"\x89PNG") and plots.png_description(png.read_bytes()).startswith("series sha256 ")
 
     def no_rendering(*_):
         raise AssertionError("a plot whose series did not change is not drawn again")
 
-    monkeypatch.setattr(bd, "render_plot", no_rendering)
+    monkeypatch.setattr(plots, "render_plot", no_rendering)
     assert main(["board", *args, "--now", at(40)]) == 0, "a later now changes no plot"
     monkeypatch.undo()
     png.unlink()
@@ -315,7 +317,7 @@ def _hour_by_hour(spec: list[tuple], c: comp.Competition) -> tuple[dict[str, str
     rewrites = 0
     for hour in c.snapshot_instants(START + dt.timedelta(days=3)):
         arrived = chain([bodies[i] for i in order if arrive[i] <= hour])
-        for rel, text, _ in bd.snapshots(derive(arrived, comp.format_instant(hour), c)):
+        for rel, text, _ in sn.snapshots(derive(arrived, comp.format_instant(hour), c)):
             if rel in files and files[rel] != text:
                 rewrites += 1
             files[rel] = text
@@ -330,7 +332,7 @@ def test_backfilled_snapshots_equal_snapshots_written_hour_by_hour(spec):
     bodies = [result(i + 1, login, s, at(minute / 60)) for i, (login, s, minute, _) in enumerate(spec)]
     arrive = [comp.parse_instant(b["accepted_at"]) + dt.timedelta(minutes=late) for b, (*_, late) in zip(bodies, spec, strict=True)]
     ledger = chain([bodies[i] for i in sorted(range(len(bodies)), key=lambda i: (arrive[i], i))])
-    backfill = {rel: text for rel, text, _ in bd.snapshots(derive(ledger, at(72), c))}
+    backfill = {rel: text for rel, text, _ in sn.snapshots(derive(ledger, at(72), c))}
     assert hourly == backfill, "the same ledger (in its own arrival order), the same snapshots, chain heads included"
     if all(late == 0 for *_, late in spec):
         assert rewrites == 0, "records that arrive on time never change a snapshot already written"
@@ -359,8 +361,8 @@ def test_snapshots_command_backfills_and_refreshes_after_a_late_record(tmp_path,
 
 # ---- daily prizes ----
 
-def _prize(d: bd.Derived, window: int, board: str = "kernel/muse_bf16_proj") -> bd.DailyResult:
-    return next(r for r in d.daily if r.window.index == window and r.board == board and r.window.track == "kernel")
+def _prize(d: standings.Derived, window: int, board: str = "kernel/muse_bf16_proj") -> pz.DailyResult:
+    return next(r for r in pz.daily_results(d) if r.window.index == window and r.board == board and r.window.track == "kernel")
 
 
 def test_a_result_accepted_exactly_at_the_close_counts_for_that_window():
@@ -377,7 +379,7 @@ def test_two_competitors_tied_at_the_close_the_earlier_wins():
     recs = chain([result(1, "ann", 1.500, at(20), rel=0.01), result(2, "bob", 1.510, at(23), rel=0.01)])
     d = derive(recs, at(48))
     assert _prize(d, 1).winner.login == "ann"
-    rows = [r for r in bd.prizes_rows(d) if r["board"] == "kernel/muse_bf16_proj" and r["window"] == 1]
+    rows = [r for r in pz.prizes_rows(d) if r["board"] == "kernel/muse_bf16_proj" and r["window"] == 1]
     assert rows[0]["winner"] == "ann" and rows[0]["usd"] == 10 and rows[0]["winner_hours"] == 5
     # without overlap the faster one wins
     d = derive(chain([result(1, "ann", 1.500, at(20), rel=0.0), result(2, "bob", 1.510, at(23), rel=0.0)]), at(48))
@@ -394,7 +396,7 @@ def test_most_hours_on_top_is_selectable():
     tied = chain([result(1, "ann", 1.5, at(0.5)), result(2, "bob", 2.0, at(12.5))])
     d = derive(tied, at(48), competition(rule="most_hours_on_top"))
     assert dict(_prize(d, 1).hours) == {"ann": 12, "bob": 12} and _prize(d, 1).winner.login == "ann"
-    assert "rule most_hours_on_top" in bd.render_prizes(d)
+    assert "rule most_hours_on_top" in pz.render_prizes(d)
 
 
 def test_a_disqualified_holder_loses_every_window_retroactively_and_an_empty_board_pays_nobody():
@@ -406,16 +408,16 @@ def test_a_disqualified_holder_loses_every_window_retroactively_and_an_empty_boa
     assert set(holders(after)[1:]) == {"bob"}
     empty = _prize(after, 1, "kernel/muse_decode_layer")
     assert empty.winner is None and empty.hours == []
-    assert sum(r["usd"] for r in bd.prizes_rows(after)) == 20
+    assert sum(r["usd"] for r in pz.prizes_rows(after)) == 20
 
 
 def test_the_open_window_is_provisional():
     d = derive(chain([result(1, "ann", 1.5, at(1))]), at(30))
     open_ = _prize(d, 2)
     assert not open_.closed and open_.winner.login == "ann" and dict(open_.hours) == {"ann": 6}
-    row = next(r for r in bd.prizes_rows(d) if r["window"] == 2 and r["board"] == "kernel/muse_bf16_proj")
+    row = next(r for r in pz.prizes_rows(d) if r["window"] == 2 and r["board"] == "kernel/muse_bf16_proj")
     assert row["usd"] == 0
-    assert "2 (open)" in bd.render_prizes(d)
+    assert "2 (open)" in pz.render_prizes(d)
 
 
 def test_prizes_command(tmp_path, capsys):
@@ -434,7 +436,7 @@ def test_a_problem_only_the_ledger_knows_still_gets_a_board():
     body["problem"] = "muse_retired"
     d = derive(chain([body]), at(30))
     assert "kernel/muse_retired" in d.entries and d.entries["kernel/muse_retired"][0].login == "ann"
-    assert "### `muse_retired`: muse_retired (not in problems/)" in bd.render_board(d)
+    assert "### `muse_retired`: muse_retired (not in problems/)" in render.render_board(d)
 
 
 def test_would_be_rank_places_a_new_result_on_the_current_board(tmp_path):
@@ -445,11 +447,110 @@ def test_would_be_rank_places_a_new_result_on_the_current_board(tmp_path):
                                              accepted_at="2026-10-22T10:00:00Z"), evidence=raw(doc))
     records = lg.read(tmp_path)
     at = "2026-10-22T12:00:00Z"
-    assert bd.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=1.3, rel=0.001), at) == "2 of 3"
-    assert bd.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=2.0, rel=0.001), at) == "1 of 3"
+    assert standings.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=1.3, rel=0.001), at) == "2 of 3"
+    assert standings.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=2.0, rel=0.001), at) == "1 of 3"
     # inside alice's interval: a tie shares her rank, listed after her (accepted later)
-    assert bd.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=1.5005, rel=0.001), at) == "1 of 3"
-    assert "below your own best" in bd.would_be_rank(records, c, PROBLEMS,
+    assert standings.would_be_rank(records, c, PROBLEMS, result_doc(login="carol", pr=9, speedup=1.5005, rel=0.001), at) == "1 of 3"
+    assert "below your own best" in standings.would_be_rank(records, c, PROBLEMS,
                                                      result_doc(login="alice", pr=9, speedup=1.1, rel=0.001), at)
     failed = {**result_doc(login="carol", pr=9), "status": "incorrect", "score": None}
-    assert bd.would_be_rank(records, c, PROBLEMS, failed, at) is None
+    assert standings.would_be_rank(records, c, PROBLEMS, failed, at) is None
+
+
+# ---- prizes as of an instant, and the final placings ----
+
+def _final_competition() -> comp.Competition:
+    c = competition()  # a two-day kernel track (closes at(48)), then a one-day serving track
+    return comp.parse({
+        "name": c.name, "repository": c.repository,
+        "tracks": {n: {"start": t.start, "end": t.end} for n, t in c.tracks.items()},
+        "prizes": [{"place": 1, "usd": 500, "also": "a signed H200"}, {"place": 2, "usd": 300},
+                   {"place": 3, "through": 4, "usd": 100}],
+        "daily_prize": {"usd": 10},
+    })
+
+
+def _final_ledger() -> list[dict]:
+    bodies = [
+        result(1, "ann", 1.50, at(2), rel=0.01),   # ann and bob overlap: both rank 1, ann accepted first
+        result(2, "bob", 1.51, at(5), rel=0.01),
+        result(3, "cat", 1.30, at(3), rel=0.0),
+        result(4, "dan", 1.20, at(4), rel=0.0),
+        result(5, "eve", 1.10, at(6), rel=0.0),    # fifth: no prize for place 5
+        result(6, "fay", 2.00, at(7), status="needs_review"),
+        result(7, "gus", 3.00, at(8)),
+        result(8, "hal", 2.50, at(48)),            # accepted at the close: out of the track's window
+        result(9, "ivy", 1.40, at(9), problem="muse_moe_w4a16"),
+    ]
+    return bodies + [disqualify(bodies, 7, at(10))]
+
+
+def _placings(d: standings.Derived, board: str = "kernel/muse_bf16_proj") -> list[tuple]:
+    f = next(f for f in pz.final_placings(d) if f.board == board)
+    return [(p.place, p.rank, p.entry.login, p.prize.usd) for p in f.placings]
+
+
+def test_final_placings_are_awarded_per_board_once_the_track_closes():
+    records, c = chain(_final_ledger()), _final_competition()
+    before = standings.derive(records, c, PROBLEMS, comp.parse_instant(at(47, 3599)))
+    assert all(not f.placings for f in pz.final_placings(before)), "nothing is awarded before the close"
+    assert "Kernel track: closes 2026-10-24 00:00 UTC; its final placings are awarded then." in pz.render_prizes(before)
+    d = standings.derive(records, c, PROBLEMS, comp.parse_instant(at(48)))
+    # the tie shares rank 1 and the earlier accepted takes place 1; under review, disqualified, out of
+    # window and the baseline place nowhere; place 5 has no prize
+    assert _placings(d) == [(1, 1, "ann", 500), (2, 1, "bob", 300), (3, 3, "cat", 100), (4, 4, "dan", 100)]
+    assert _placings(d, "kernel/muse_moe_w4a16") == [(1, 1, "ivy", 500)]
+    assert _placings(d, "kernel/muse_decode_layer") == []
+    serving = next(f for f in pz.final_placings(d) if f.board == "serving")
+    assert not serving.closed and serving.placings == []
+    text = pz.render_prizes(d)
+    assert "Kernel track, closed 2026-10-24 00:00 UTC:" in text and "Serving track: closes 2026-10-25 00:00 UTC" in text
+    line = next(x for x in text.splitlines() if x.startswith("kernel/muse_bf16_proj") and "@ann" in x)
+    assert line.split()[1:3] == ["1", "1"] and "$500" in line and "a signed H200" in line
+    assert "final placings $1,500)" in text  # 500 + 300 + 100 + 100 on bf16_proj, 500 on moe
+    rows = pz.final_rows(d)
+    bob = next(r for r in rows if r["board"] == "kernel/muse_bf16_proj")["placings"][1]
+    assert bob.pop("score") == pytest.approx(1.51)
+    assert bob == {"place": 2, "rank": 1, "login": "bob", "pr": 2, "usd": 300, "also": None}
+
+
+def _prizes_cli(root: Path, *args: str) -> bytes:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pipeline", "prizes", "--root", str(root), *args], cwd=ROOT,
+                          check=True, capture_output=True).stdout
+
+
+def test_prizes_at_an_instant_are_the_same_bytes_whenever_they_run_and_whatever_came_later(tmp_path):
+    import time
+
+    root = tmp_path / "ledger"
+    root.mkdir()
+    write_competition(root)
+    bodies = [result(1, "ann", 1.5, at(1)), result(2, "bob", 1.2, at(2))]
+    for b in bodies:
+        put(root, b)
+    first = _prizes_cli(root, "--at", at(30))
+    time.sleep(1.1)  # the wall clock has moved on: nothing printed may follow it
+    assert _prizes_cli(root, "--at", at(30)) == first
+    assert b"every decision as of 2026-10-23T06:00:00Z, from the ledger's 2 results accepted by then." in first
+    assert "@ann (#1)" in first.decode() and "$10" in first.decode()
+    # records after the instant: a faster result, and a disqualification of the winner, change nothing then
+    put(root, result(3, "cat", 9.0, at(30, 1)))
+    put(root, lambda records: disqualify(records, 1, at(31)))
+    assert _prizes_cli(root, "--at", at(30)) == first
+    assert json.loads(_prizes_cli(root, "--at", at(30), "--json"))["at"] == at(30)
+    # later, both count: the disqualification reaches back into every window
+    later = _prizes_cli(root, "--at", at(48)).decode()
+    assert "@ann" not in later.split("Final placings")[0] and "@bob (#2)" in later and "@cat (#3)" in later
+    final = next(x.split() for x in later.splitlines() if x.startswith("kernel/muse_bf16_proj") and "@cat" in x)
+    assert final[1:5] == ["1", "1", "@cat", "(#3)"] and "$100" in final, "the kernel track closed at(48): cat is first"
+
+
+def test_prizes_refuse_a_bad_instant_and_both_instants(tmp_path, capsys):
+    write_competition(tmp_path)
+    assert main(["prizes", "--root", str(tmp_path), "--at", "2026-10-23 06:00"]) == 2
+    assert "--at '2026-10-23 06:00' has no time zone" in capsys.readouterr().err
+    assert main(["prizes", "--root", str(tmp_path), "--at", at(30), "--now", at(30)]) == 2
+    assert "not both" in capsys.readouterr().err

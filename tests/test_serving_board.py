@@ -12,7 +12,8 @@ import pytest
 
 from fixtures.serving_results import factory as sf
 from ledger_factory import PROBLEMS, competition, raw, write_competition
-from pipeline import board as bd, competition as comp, ledger as lg
+from pipeline import competition as comp, ledger as lg
+from pipeline.board import render, snapshots as sn, standings
 from pipeline.__main__ import main
 
 START = comp.parse_instant("2026-10-24T00:00:00Z")  # the test competition's serving track opens here
@@ -66,8 +67,8 @@ def serving_section(text: str) -> str:
 def test_ranks_by_s_with_ties_within_intervals_and_the_best_result_each(root):
     records = lg.verify(root)
     assert len(records) == 9
-    d = bd.derive(records, competition(), PROBLEMS, comp.parse_instant(at(20)))
-    st = bd.standing(d.entries["serving"])
+    d = standings.derive(records, competition(), PROBLEMS, comp.parse_instant(at(20)))
+    st = standings.standing(d.entries["serving"])
     assert [(r, e.login, e.pr) for r, e in st.rows] == [(1, "bob", 23), (1, "ann", 21), (3, "cat", 24), (4, "dan", 25)]
     assert st.holder.login == "bob", "a tie goes to the earlier accepted"
     ann = next(e for _, e in st.rows if e.login == "ann")
@@ -78,8 +79,8 @@ def test_ranks_by_s_with_ties_within_intervals_and_the_best_result_each(root):
 
 
 def test_the_board_markdown_of_serving_results(root):
-    d = bd.derive(lg.verify(root), competition(), PROBLEMS, comp.parse_instant(at(20)))
-    text = serving_section(bd.render_board(d))
+    d = standings.derive(lg.verify(root), competition(), PROBLEMS, comp.parse_instant(at(20)))
+    text = serving_section(render.render_board(d))
     lines = [x for x in text.splitlines() if x.startswith("| ")]
     assert lines[0] == ("| rank | competitor | score | 95% interval | T c=1 | I c=1 | T c=4 | I c=4 | T c=16 | I c=16 | "
                         "T c=32 | I c=32 | PR | accepted (UTC) | notes |")
@@ -102,11 +103,11 @@ def test_the_board_markdown_of_serving_results(root):
 
 
 def test_current_window_and_snapshot_show_the_serving_score_without_an_x(root):
-    d = bd.derive(lg.verify(root), competition(), PROBLEMS, comp.parse_instant(at(20)))
-    board = bd.render_board(d)
+    d = standings.derive(lg.verify(root), competition(), PROBLEMS, comp.parse_instant(at(20)))
+    board = render.render_board(d)
     assert "| board | holds it now | score | PR | accepted (UTC) |" in board
     assert f"| serving | [@bob](https://github.com/bob) | {(1.24 * 1.25) ** 0.5:.3f} | [#23]({REPO}/23) |" in board
-    snaps = {rel: (j, m) for rel, j, m in bd.snapshots(d)}
+    snaps = {rel: (j, m) for rel, j, m in sn.snapshots(d)}
     j, m = snaps["2026-10-24/06"]
     assert json.loads(j)["boards"]["serving"]["holder"] == {"login": "bob", "pr": 23}
     section = m[m.index("## serving"):]
@@ -133,8 +134,8 @@ def test_a_gated_result_is_refused_by_the_ledger_and_the_board_regenerates_witho
 def test_would_be_rank_of_a_serving_result(root):
     records = lg.verify(root)
     new = sf.serving_result(t=1.236, login="ivy", pr=30)  # outside ann's interval, above cat: leads group 3
-    assert bd.would_be_rank(records, competition(), PROBLEMS, new, at(20)) == "3 of 5"
+    assert standings.would_be_rank(records, competition(), PROBLEMS, new, at(20)) == "3 of 5"
     top = sf.serving_result(t=1.9, login="ivy", pr=31)
-    assert bd.would_be_rank(records, competition(), PROBLEMS, top, at(20)) == "1 of 5"
+    assert standings.would_be_rank(records, competition(), PROBLEMS, top, at(20)) == "1 of 5"
     gated = json.loads((Path(__file__).parent / "fixtures" / "serving_results" / "gated.json").read_text())
-    assert bd.would_be_rank(records, competition(), PROBLEMS, gated, at(20)) is None
+    assert standings.would_be_rank(records, competition(), PROBLEMS, gated, at(20)) is None

@@ -151,7 +151,7 @@ def test_the_plot_shows_baseline_and_candidate_one_point_per_concurrency_in_orde
     assert series["candidate"][0][1:] == pytest.approx((142.0 * 1.08, 18.5 * 1.21))  # (I_c, T_c)
     png = report.serving_plot(doc)
     assert png.startswith(b"\x89PNG") and png == report.serving_plot(copy.deepcopy(doc)), "deterministic"
-    from pipeline.board import png_description
+    from pipeline.board.plots import png_description
 
     assert png_description(png).startswith("series sha256 ")
     img = pixels(png)
