@@ -554,3 +554,17 @@ def test_prizes_refuse_a_bad_instant_and_both_instants(tmp_path, capsys):
     assert "--at '2026-10-23 06:00' has no time zone" in capsys.readouterr().err
     assert main(["prizes", "--root", str(tmp_path), "--at", at(30), "--now", at(30)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_the_baseline_row_shows_the_median_of_the_baseline_times_the_ranked_results_measured():
+    bodies = []
+    for pr, (who, base, status) in enumerate([("ann", 80.0, "passed"), ("bob", 120.0, "passed"),
+                                              ("cat", 400.0, "passed"), ("dan", 1000.0, "needs_review")], 1):
+        b = result(pr, who, 1.2 + pr / 10, at(pr), status=status)
+        for w in b["workloads"]:
+            w["baseline_median_us"] = base
+        bodies.append(b)
+    text = render.render_board(derive(chain(bodies), at(30)))
+    row = next(x for x in text.splitlines() if x.startswith("| | baseline (`reference/muse_bf16_proj.py:baseline`)"))
+    assert row.split("|")[3].strip() == "120.0", "the median of 80, 120 and 400 us; dan's run is not ranked"
+    assert "The baseline's time is the median of the baseline times measured in the ranked results' own runs." in text
