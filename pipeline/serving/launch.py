@@ -259,6 +259,13 @@ def base_env() -> dict[str, str]:
 
     return {"PATH": os.environ.get("PATH", os.defpath), "HOME": SCRATCH_TOKEN, "TMPDIR": SCRATCH_TOKEN,
             "XDG_CACHE_HOME": f"{SCRATCH_TOKEN}/cache", "HF_HOME": f"{SCRATCH_TOKEN}/huggingface",
+            # the sandbox's uid has no passwd entry: getpass.getuser() (torch inductor's cache path, on a GPU)
+            # raises KeyError unless the environment names a user; the compilers' caches go to the scratch
+            "USER": "muse-server", "LOGNAME": "muse-server",
+            "TORCHINDUCTOR_CACHE_DIR": f"{SCRATCH_TOKEN}/inductor-cache",
+            "TRITON_CACHE_DIR": f"{SCRATCH_TOKEN}/triton-cache", "CUDA_CACHE_PATH": f"{SCRATCH_TOKEN}/cuda-cache",
+            # NVLink multicast off in every launched engine (it can take a shared node's GPUs out of service)
+            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
 
 

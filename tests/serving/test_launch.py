@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import os
 import socket
 import sys
@@ -256,3 +257,22 @@ def test_the_delay_knob_slows_every_chunk_of_a_uvicorn_app(tmp_path, limits, sgl
             seen[delay] = server.call(lambda: gaps(server.url), timeout_s=20, what="a stream")
     assert len(seen[150]) >= 4 and min(seen[150]) > 0.12, seen
     assert sum(seen[0]) < 0.1 * sum(seen[150]), seen
+
+
+def test_the_launched_environment_names_a_user_and_keeps_multicast_off(tmp_path, limits, sglang_pin):
+    # In the sandbox the server's uid has no passwd entry: getpass.getuser() (torch inductor's cache path, which
+    # transformers serve reaches on a GPU) raised KeyError there on the H200 until the environment named a user.
+    # NVLink multicast stays off in every engine launched (docs/RUNBOOK.md, the device's KINDS.md).
+    _isolation_or_skip(True)
+    probe = ("import getpass, os, sys; print('probe', getpass.getuser(), os.environ['NCCL_NVLS_ENABLE'], "
+             "os.environ['TORCH_SYMM_MEM_DISABLE_MULTICAST'], os.environ['NVSHMEM_DISABLE_NVLS'], "
+             "os.environ['TORCHINDUCTOR_CACHE_DIR'].startswith(os.environ['HOME']), flush=True); sys.exit(3)")
+    table = scripted_template().replace(f"argv = ", "argv_was = ", 1)
+    table = table.replace('[launch.scripted]\n', f'[launch.scripted]\nargv = {json.dumps(["{python}", "-c", probe])}\n', 1)
+    template = pin_stage.launch_template(pin_stage.load_pin(pin_with(tmp_path / "pin.toml", table.replace("argv_was = ", "# "))),
+                                         "scripted")
+    server = launch.Server(template, tree=tmp_path, model=None, policy=sandbox.Policy(isolate=True, limits=limits.sandbox),
+                           limits=limits, label="baseline")
+    with server, pytest.raises(launch.ServerDied, match="exit code 3"):
+        server.wait_ready()
+    assert "probe muse-server 0 1 1 True" in server.log_tail()
