@@ -248,3 +248,8 @@ VERBS.update(_runner.VERBS)
 from pipeline.serving import cli as _serving_cli  # noqa: E402
 
 VERBS.update(_serving_cli.VERBS)
+
+# ---- a small competition end to end, every step one of the verbs above: `demo` (pipeline/demo/) ----
+from pipeline.demo import VERBS as _demo_verbs  # noqa: E402
+
+VERBS.update(_demo_verbs)

@@ -1,0 +1,130 @@
+"""`python -m pipeline demo --out DIR`, run once for real (a temporary git repository, every step a verb as a
+subprocess, CPU evaluations, the scripted serving server): its outputs say what the scenario says.
+
+The scenario (pipeline/demo/flow.py): on the kernel board alice (one matmul) > carol (3 matmuls) > bob (9),
+erin's late kernel not ranked; on the serving board alice (1.5 ms a token) > bob (the baseline's 4 ms) >
+carol (12 ms); dave's wrong kernel incorrect, erin's crashing one a runtime_error with its KeyError, dave's PR
+into carol's folder, frank's competition.toml edit and frank's sampler patch refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def demo(out: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", "demo", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "out"
+    done = demo(out)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    return out, done
+
+
+def _board_rows(text: str, heading: str) -> list[tuple[str, str]]:
+    """(rank, login) of a board's ranked rows in leaderboard.md, under the heading that starts with `heading`."""
+    section = text.split(heading, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    ranked = section.split("Not ranked:", 1)[0]
+    return re.findall(r"^\| (\d+) \| \[@([\w-]+)\]", ranked, re.M)
+
+
+def test_the_boards_rank_by_speed_and_leave_the_late_one_unranked(run):
+    out, _ = run
+    board = (out / "leaderboard.md").read_text()
+    assert _board_rows(board, "### `muse_bf16_proj`") == [("1", "alice"), ("2", "carol"), ("3", "bob")]
+    kernel = board.split("### `muse_bf16_proj`", 1)[1].split("\n## ", 1)[0]
+    late = kernel.split("Not ranked:", 1)[1]
+    assert re.search(r"\[@erin\].*\[#8\].*accepted after the track closed", late)
+    serving = board.split("## Serving track", 1)[1]
+    assert re.findall(r"^\| (\d+) \| \[@([\w-]+)\]", serving.split("## Daily", 1)[0].split("Not ranked:", 1)[0],
+                      re.M)[:3] == [("1", "alice"), ("2", "bob"), ("3", "carol")]
+    for png in ("leaderboard/muse_bf16_proj.png", "leaderboard/serving.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in board
+
+
+def test_the_prize_table_names_the_winners(run):
+    out, _ = run
+    prizes = (out / "prizes.md").read_text()
+    kernel = prizes.split("### kernel/muse_bf16_proj", 1)[1].split("###", 1)[0]
+    assert re.findall(r"^\| (\w+) \| @(\w+) \|.*\| (\$[\d,]+[^|]*) \|$", kernel, re.M) == [
+        ("1st", "alice", "$50,000 + a signed H200"), ("2nd", "carol", "$30,000"), ("3rd", "bob", "$10,000")]
+    serving = prizes.split("### serving", 1)[1].split("##", 1)[0]
+    assert [m[:2] for m in re.findall(r"^\| (\w+) \| @(\w+) \|", serving, re.M)] == [
+        ("1st", "alice"), ("2nd", "bob"), ("3rd", "carol")]
+    summary = json.loads((out / "summary.json").read_text())
+    daily = [(w["track"], w["window"], w["winner"], w["usd"]) for w in summary["daily"] if w["board"].endswith(
+        ("muse_bf16_proj", "serving"))]
+    assert daily == [("kernel", 1, "carol", 1000), ("kernel", 2, "alice", 1000), ("kernel", 3, "alice", 1000),
+                     ("serving", 1, "carol", 1000), ("serving", 2, "alice", 1000)]
+    assert "python -m pipeline prizes" in prizes and "@carol (#1)" in prizes
+
+
+def test_the_refused_and_failed_pull_requests_say_why(run):
+    out, _ = run
+    c = {n: (out / "comments" / f"pr-{n:02d}.md").read_text() for n in range(1, 13)}
+    # the wrong kernel: incorrect, with the failing shape's errors
+    assert "### muse_bf16_proj: INCORRECT" in c[2] and "FAIL" in c[2] and "rel-L2" in c[2]
+    # the crashing one: its error and its line
+    assert "RUNTIME ERROR" in c[3].upper() and "KeyError" in c[3] and "weight" in c[3]
+    # another competitor's folder, the protected calendar, the patch gate
+    assert "REFUSED" in c[5] and "login-mismatch" in c[5] and "carol/README.md" in c[5]
+    assert "REFUSED" in c[7] and "protected-path" in c[7] and "competition.toml" in c[7]
+    assert "REFUSED" in c[10] and "patch-denied-path" in c[10] and "sampler.py" in c[10]
+    # the late one: evaluated and commented on, told that it is not ranked
+    assert "closed at 2026-10-25" in c[8] and "not ranked" in c[8] and "PASSED" in c[8]
+    for n in (5, 7, 10):
+        assert "after the evaluation" not in c[n]  # refused: never evaluated
+    for n in (1, 4, 6, 9, 11, 12):
+        assert "PASSED" in c[n] and "UNOFFICIAL" in c[n].upper()
+    summary = {p["pr"]: p for p in json.loads((out / "summary.json").read_text())["prs"]}
+    assert {n: p["status"] for n, p in summary.items()} == {
+        1: "passed", 2: "incorrect", 3: "runtime_error", 4: "passed", 5: None, 6: "passed", 7: None, 8: "passed",
+        9: "passed", 10: None, 11: "passed", 12: "passed"}
+    assert all(p["outcome"] == "as scripted" for p in summary.values())
+
+
+def test_it_leaves_every_output_and_says_each_step(run):
+    out, done = run
+    for n in (9, 11, 12):
+        assert (out / "comments" / f"pr-{n:02d}-plot.png").read_bytes()[:4] == b"\x89PNG"
+    hours = sorted(p.relative_to(out / "snapshots").as_posix() for p in (out / "snapshots").rglob("*.json"))
+    # every hour of both tracks: from the kernel track's first hour to the serving track's close
+    assert hours[0] == "2026-10-22/01.json" and hours[-1] == "2026-10-27/00.json" and len(hours) == 5 * 24
+    last = json.loads((out / "snapshots" / "2026-10-27" / "00.json").read_text())
+    assert last["results"] == 7
+    log = (out / "git-log.txt").read_text()
+    for n in (1, 4, 6, 8, 9, 11, 12):
+        assert f"Merge pull request #{n} from" in log
+    assert "Merge pull request #2 " not in log and "ledger: record #6" in log
+    lines = [line for line in done.stderr.splitlines() if re.match(r"\[\s*\d+/\d+\]", line)]
+    assert len(lines) == int(lines[-1].split("/")[1].split("]")[0])  # one line a step, numbered to the total
+    for verb in ("validate", "evaluate", "sign", "merge", "snapshots", "prizes", "final prizes", "ledger verify"):
+        assert any(verb in line for line in lines), verb
+    assert json.loads((out / "summary.json").read_text())["seconds"] < 180
+
+
+def test_a_bad_out_is_a_usage_error(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder\n")
+    done = demo(a_file, timeout=60)
+    assert done.returncode == 2 and "is a file, not a folder" in done.stderr
+    done = demo(a_file / "below", timeout=60)
+    assert done.returncode == 2 and "cannot write there" in done.stderr
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine\n")
+    done = demo(busy, timeout=60)
+    assert done.returncode == 2 and "not empty" in done.stderr and (busy / "notes.txt").read_text() == "mine\n"
