@@ -19,7 +19,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
-from pipeline.board.standings import Derived, Entry, standing
+from pipeline.board.standings import Derived, Entry
 from pipeline.competition import DailyWindow, Prize, format_instant
 from pipeline.ledger import record_time
 
@@ -118,7 +118,7 @@ def final_placings(d: Derived) -> list[FinalBoard]:
         closed = track.end <= d.now
         placings = []
         if closed:
-            rows = standing(d.entries[spec.id]).rows
+            rows = d.standing(spec.id).rows
             placings = [Placing(k, r, e, prizes[k]) for k, (r, e) in enumerate(rows, 1) if k in prizes]
         out.append(FinalBoard(spec.id, spec.track, format_instant(track.end), closed, placings))
     return out

@@ -8,7 +8,7 @@ import datetime as dt
 import json
 import math
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Iterable
 
@@ -49,24 +49,28 @@ class Entry:
                  "status", "flags", "board", "_workloads", "state", "mark")
 
     def __init__(self, r: dict[str, Any]):
+        # read once per record of the ledger (100,000 at competition scale): locals, no calls
         score = r["score"]
-        self.at: str = r["accepted_at"]
-        self.pr: int = r["pr"]
-        self.head_sha: str = r["head_sha"]
-        self.key = (self.at, self.pr, self.head_sha)
-        self.login: str = r["login"]
-        self.who = self.login.lower()
-        self.speedup: float = score["speedup"]
-        self.time_us: float = score["time_us"]
+        self.at = at = r["accepted_at"]
+        self.pr = pr = r["pr"]
+        self.head_sha = head = r["head_sha"]
+        self.key = (at, pr, head)
+        self.login = login = r["login"]
+        self.who = login.lower()
+        self.speedup = speedup = score["speedup"]
+        self.time_us = score["time_us"]
         interval = score.get("interval")
-        self.lo, self.hi = (interval[0], interval[1]) if interval else (self.speedup, self.speedup)
-        self.official: bool = r["official"]
-        self.status: str = r["status"]
-        self.flags: list[str] = r["flags"]
-        self.board = board_id(r["track"], r["problem"])
-        self._workloads: list[dict[str, Any]] = r["workloads"]
-        self.state: str = "ranked"
-        self.mark: dict[str, Any] | None = None  # the disqualification that took it off the board
+        if interval:
+            self.lo, self.hi = interval[0], interval[1]
+        else:
+            self.lo = self.hi = speedup
+        self.official = r["official"]
+        self.status = r["status"]
+        self.flags = r["flags"]
+        self.board = f"kernel/{r['problem']}" if r["track"] == "kernel" else "serving"
+        self._workloads = r["workloads"]
+        self.state = "ranked"
+        self.mark = None  # the disqualification that took it off the board
 
     @property
     def workloads(self) -> dict[str, float]:
@@ -79,14 +83,23 @@ class Entry:
         return math.exp(sum(map(math.log, base)) / len(base)) if base else None
 
 
-def collect(records: Iterable[dict[str, Any]]) -> tuple[list[Entry], list[dict[str, Any]]]:
-    """One pass over the records (any order): the results as entries, and the markings."""
+def collect(records: Iterable[dict[str, Any]], chain: Chain | None = None) -> tuple[list[Entry], list[dict[str, Any]]]:
+    """One pass over the records (any order): the results as entries, and the markings; with `chain`,
+    what the chain heads need of each record noted in it."""
     results, marks = [], []
+    times, sha = (chain.times, chain.sha) if chain is not None else ([], {})
     for r in records:
         if r["kind"] == "result":
-            results.append(Entry(r))
+            e = Entry(r)
+            results.append(e)
+            t = e.at
         else:
             marks.append(r)
+            t = r["at"]
+        seq = r.get("seq")
+        if seq.__class__ is int:
+            times.append((t, seq))
+            sha[seq] = r.get("sha256", "")
     return results, marks
 
 
@@ -123,9 +136,10 @@ def board_specs(problems: dict[str, tuple[str, tuple[str, ...]]], results: Itera
 
 
 def entries(records: Iterable[dict[str, Any]], competition: Competition,
-            problems: dict[str, tuple[str, tuple[str, ...]]]) -> tuple[list[BoardSpec], dict[str, list[Entry]]]:
+            problems: dict[str, tuple[str, tuple[str, ...]]], chain: Chain | None = None
+            ) -> tuple[list[BoardSpec], dict[str, list[Entry]]]:
     """The boards, and each board's results as entries in accepted order, each with its state."""
-    results, marks = collect(records)
+    results, marks = collect(records, chain)
     assign_states(results, marks, competition)
     specs = board_specs(problems, results)
     out: dict[str, list[Entry]] = {s.id: [] for s in specs}
@@ -160,9 +174,10 @@ def rank(ordered: list[Entry], limit: int | None = None) -> list[tuple[int, Entr
 
 
 def best_per_competitor(items: Iterable[Entry]) -> list[Entry]:
-    """Each competitor's best entry: the highest score, the earlier accepted on equal scores."""
+    """Each competitor's best entry of `items`, given in accepted order: the highest score, the earlier
+    accepted on equal scores."""
     best: dict[str, Entry] = {}
-    for e in sorted(items, key=_KEY):
+    for e in items:
         old = best.get(e.who)
         if old is None or e.speedup > old.speedup:
             best[e.who] = e
@@ -180,6 +195,7 @@ class Standing:
 
 
 def standing(items: list[Entry]) -> Standing:
+    """A board now, from its entries in accepted order."""
     ranked = rank(score_order(best_per_competitor(e for e in items if e.state == "ranked")))
     marked = [e for e in items if e.state in ("under_review", "disqualified")]
     late = best_per_competitor(e for e in items if e.state == "out_of_window")
@@ -192,18 +208,27 @@ class HourState:
     """A board at one snapshot instant: its top rows, its holder, how many competitors are ranked.
     Shared between consecutive hours while nothing changes."""
 
-    __slots__ = ("rows", "ranked", "_json")
+    __slots__ = ("rows", "ranked", "_json", "_row_json")
 
-    def __init__(self, rows: list[tuple[int, Entry]], ranked: int):
+    def __init__(self, rows: list[tuple[int, Entry]], ranked: int, row_json: dict | None = None):
         self.rows, self.ranked, self._json = rows, ranked, None
+        self._row_json = {} if row_json is None else row_json  # (rank, entry) -> its JSON, shared by a board's hours
 
     @property
     def holder(self) -> Entry | None:
         return self.rows[0][1] if self.rows else None
 
     def top_json(self) -> str:
+        """The rows as JSON (sorted keys, compact): the same text as json.dumps of the list, each row
+        written once however many hours it stays in the top."""
         if self._json is None:
-            self._json = json.dumps([_row_dict(r, e) for r, e in self.rows], sort_keys=True, separators=(",", ":"))
+            cache, parts = self._row_json, []
+            for r, e in self.rows:
+                text = cache.get((r, e))
+                if text is None:
+                    text = cache[(r, e)] = json.dumps(_row_dict(r, e), sort_keys=True, separators=(",", ":"))
+                parts.append(text)
+            self._json = "[" + ",".join(parts) + "]"
         return self._json
 
 
@@ -219,7 +244,8 @@ def board_timeline(items: list[Entry], instants: list[str], top: int) -> list[Ho
     keys: list[tuple[float, tuple[str, int, str]]] = []
     ordered: list[Entry] = []
     best: dict[str, Entry] = {}
-    state = HourState([], 0)
+    row_json: dict = {}
+    state = HourState([], 0, row_json)
     out = []
     i, n = 0, len(ranked)
     for t in instants:
@@ -240,7 +266,7 @@ def board_timeline(items: list[Entry], instants: list[str], top: int) -> list[Ho
             best[e.who] = e
             changed = True
         if changed:
-            state = HourState(rank(ordered, top), len(ordered))
+            state = HourState(rank(ordered, top), len(ordered), row_json)
         out.append(state)
     return out
 
@@ -269,22 +295,13 @@ class ChainHead:
 GENESIS_HEAD = ChainHead(0, "0" * 64)
 
 
-class _ChainReader:
-    """Passes the records through, keeping what the chain heads need: (time, seq) of each, and the
-    sha256 of each seq."""
+class Chain:
+    """What the chain heads need of the records, noted by `collect` as it passes: (time, seq) of each,
+    and the sha256 of each seq."""
 
-    def __init__(self, records: Iterable[dict[str, Any]]):
-        self.records = records
+    def __init__(self) -> None:
         self.times: list[tuple[str, int]] = []
         self.sha: dict[int, str] = {}
-
-    def __iter__(self):
-        for r in self.records:
-            seq = r.get("seq")
-            if isinstance(seq, int):
-                self.times.append((r["accepted_at"] if r["kind"] == "result" else r["at"], seq))
-                self.sha[seq] = r.get("sha256", "")
-            yield r
 
     def head(self) -> ChainHead:
         if not self.sha:
@@ -318,6 +335,14 @@ class Derived:
     unofficial: int
     chain: ChainHead = GENESIS_HEAD  # the whole ledger's
     chain_at: list[ChainHead] | None = None  # per instant: what the snapshot at that instant rests on
+    _standings: dict[str, Standing] = field(default_factory=dict, repr=False)
+
+    def standing(self, board: str) -> Standing:
+        """The board at `now` (computed once: the board and the final placings both read it)."""
+        st = self._standings.get(board)
+        if st is None:
+            st = self._standings[board] = standing(self.entries[board])
+        return st
 
     def hour_counts(self, board: str) -> list[dict[str, int]]:
         """Per instant: how many of the board's results accepted by then are in each unranked state."""
@@ -330,8 +355,8 @@ def derive(records: Iterable[dict[str, Any]], competition: Competition,
     """Everything the board, the snapshots and the prizes show, from the ledger's records (in any
     order: only their content matters) at the instant `now`. The chain heads are the one thing that
     depends on the order records arrived in, as they must: they name the chain."""
-    chain = _ChainReader(records)
-    specs, by_board = entries(chain, competition, problems)
+    chain = Chain()
+    specs, by_board = entries(records, competition, problems, chain)
     instants = [format_instant(t) for t in competition.snapshot_instants(now)]
     timeline = {s.id: board_timeline(by_board[s.id], instants, competition.snapshot_top) for s in specs}
     results = [e for lst in by_board.values() for e in lst]
@@ -355,7 +380,7 @@ def would_be_rank(records: Iterable[dict[str, Any]], competition: Competition,
         "login": sub.get("login") or "(this submission)", "score": doc["score"], "official": doc["official"],
         "status": doc["status"], "flags": [], "track": doc["track"], "problem": doc["problem"], "workloads": [],
     })
-    rows = rank(score_order(best_per_competitor(current + [candidate])))
+    rows = rank(score_order(best_per_competitor(sorted(current + [candidate], key=_KEY))))
     for place, e in rows:
         if e is candidate:
             return f"{place} of {len(rows)}"
