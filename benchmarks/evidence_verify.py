@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline import ledger as lg, signing  # noqa: E402
-from pipeline.ledger_cli import problem_workloads  # noqa: E402
+from pipeline.ledger import problem_workloads  # noqa: E402
 
 
 def document(i: int, samples: int, rng: random.Random) -> dict:

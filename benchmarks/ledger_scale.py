@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline import ledger as lg  # noqa: E402
 from pipeline.competition import format_instant  # noqa: E402
-from pipeline.ledger_cli import problem_workloads  # noqa: E402
+from pipeline.ledger import problem_workloads  # noqa: E402
 
 START = dt.datetime(2026, 10, 22, tzinfo=dt.timezone.utc)
 DAYS = 28

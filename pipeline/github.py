@@ -22,9 +22,6 @@ DEFAULT_API = "https://api.github.com"
 DEFAULT_BOT = "github-actions[bot]"
 BENCH_WORKFLOW = "bench.yml"
 CHECK_NAME = "evaluation"
-EVAL_LABEL = "run-eval"
-# roles that may approve running a stranger's code on the GPU runner (triage may label, but not approve)
-APPROVER_ROLES = ("admin", "maintain", "write")
 # bench.yml's `run-name:`, so that its runs can be counted per competitor (the rate limit) and a lost
 # dispatch found again: run-name: bench #${{ inputs.pr }} @${{ inputs.login }} ${{ inputs.head_sha }}
 BENCH_TITLE = "bench #{pr} @{login} {head_sha}"

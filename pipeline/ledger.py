@@ -27,11 +27,13 @@ bounds; `check_new`: no second record of a PR, one login per PR), and `append` w
 beside the old one and renames it into place: a refused, failing or killed append leaves every shard as
 it was, byte for byte.
 
-Pure functions of plain data first; the few that touch files (`read_shards`, `append`) come last.
+Pure functions of plain data first; the few that touch files (`read_shards`, `append`) come next, and the
+`ledger` verb (append, verify, disqualify, clear: registered in pipeline/cli.py's VERBS) last.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import fcntl
 import gc
@@ -42,13 +44,15 @@ import re
 import signal
 import stat
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import lru_cache, wraps
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import orjson
 
-from pipeline.competition import format_instant
+from pipeline.competition import REPO_ROOT, InstantError, format_instant, parse_instant as given_instant
+from pipeline.exits import OK, REFUSED, USAGE, error
+from pipeline.signing import SignatureError
 # the years a record's times may name, as a result's; evaluated_at is the result's finished_at
 from pipeline.result import EARLIEST, LATEST, parse_instant
 
@@ -917,3 +921,159 @@ def seal_new(body: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, A
 
 def now_instant() -> str:
     return format_instant(dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
+
+
+# ---- the verb: `ledger append | verify | disqualify | clear`, the only code of the ledger that parses
+# arguments. Exit codes (pipeline/exits.py): 0 done, 1 refused or verification failed, 2 usage error.
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", type=Path, default=REPO_ROOT,
+                   help="the folder holding results/ and leaderboard.md (default: the repository)")
+    p.add_argument("--competition", type=Path, metavar="TOML",
+                   help="the competition configuration (default: ROOT/competition.toml)")
+
+
+def problem_workloads() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every kernel problem of this repository: name -> (title, workload names)."""
+    from pipeline.problems import list_problems, load_problem
+
+    out = {}
+    for name in list_problems():
+        p = load_problem(name)
+        out[name] = (p.title, tuple(w["name"] for w in p.workloads))
+    return out
+
+
+def _ledger_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    a = sub.add_parser("append", help="record a merged PR's result (refuses a bad, unsigned or duplicate one)")
+    a.add_argument("result", type=Path, metavar="RESULT.json")
+    a.add_argument("--pr", type=int, required=True, help="the merged pull request's number")
+    a.add_argument("--login", required=True, help="the PR author's GitHub login")
+    a.add_argument("--head-sha", required=True, help="the merged head commit (must be the evaluated one)")
+    a.add_argument("--merged-at", required=True, metavar="ISO8601", help="the PR's merged_at from the GitHub API")
+    a.add_argument("--allow-unofficial", action="store_true",
+                   help="accept a CPU (unofficial) result: for tests and demos; the board marks it")
+    _keyring(a)
+    _common(a)
+    v = sub.add_parser("verify", help="check every shard, the hash chain, and every result record against its "
+                       "signed document in results/evidence/; name the first bad record")
+    v.add_argument("--allow-unofficial", action="store_true",
+                   help="accept unsigned unofficial (CPU) results: a test or demo ledger")
+    v.add_argument("--contains", action="append", default=[], metavar="SHA256",
+                   help="a chain head printed in an earlier leaderboard.md or snapshot: refuse unless the chain "
+                        "still holds it (a history cut short or rewritten does not); repeatable")
+    _keyring(v)
+    _common(v)
+    for kind, verb, text in (("disqualification", "disqualify", "mark a recorded result disqualified"),
+                             ("clearance", "clear", "credit a result held for review, or withdraw a disqualification")):
+        m = sub.add_parser(verb, help=text)
+        m.add_argument("--pr", type=int, required=True, help="the PR whose result is marked")
+        m.add_argument("--head-sha", help="which of the PR's results, when it has several")
+        m.add_argument("--reason", required=True, help="why (shown on the board, kept as evidence)")
+        m.add_argument("--by", required=True, metavar="LOGIN", help="the organizer who decided")
+        m.add_argument("--at", metavar="ISO8601", help="when it was decided (default: now)")
+        m.set_defaults(kind=kind)
+        _common(m)
+
+
+def _keyring(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keyring", type=Path, metavar="DIR", help="the runners' public keys (default: "
+                   "$PIPELINE_KEYRING, else ROOT/keys/runners)")
+
+
+def _load_keyring(args: argparse.Namespace):
+    from pipeline import signing
+
+    return signing.load_keyring(args.keyring if args.keyring is not None else signing.keyring_dir(args.root))
+
+
+def ledger_verb(args: argparse.Namespace) -> int:
+    """The results ledger: append a merged PR's result, verify the chain, disqualify or clear a result."""
+    try:
+        if args.action == "verify":
+            keyring = _load_keyring(args)
+            places: dict[int, str] = {}
+            records = verify_shards(read_shards(args.root), places=places)
+            by_key = verify_evidence(args.root, records, keyring, allow_unofficial=args.allow_unofficial,
+                                        places=places)
+            held = {r["sha256"]: r["seq"] for r in records}
+            for head in args.contains:
+                if head != GENESIS and head not in held:
+                    return error(REFUSED, f"the ledger does not verify: the chain no longer holds head {head} "
+                                  f"(it has {len(records)} records, head {chain_head(records)}): records were "
+                                  "removed or rewritten since that head was printed; restore the ledger from git")
+            results = sum(1 for r in records if r["kind"] == "result")
+            shards = len(read_shards(args.root))
+            signed = ", ".join(f"{n} by {kid} ({keyring.keys[kid].name})" for kid, n in sorted(by_key.items()))
+            unsigned = results - sum(by_key.values())
+            print(f"ok: {len(records)} records ({results} results, {len(records) - results} markings) in {shards} "
+                  f"shard{'s' if shards != 1 else ''}; every result's signed document in {EVIDENCE_DIR.as_posix()}/ "
+                  f"verifies ({signed or 'none signed'}{f', {unsigned} unsigned unofficial' if unsigned else ''}); "
+                  f"chain head {chain_head(records)}")
+            return OK
+        if args.action == "append":
+            return _append(args)
+        at = format_instant(given_instant(args.at, "--at")) if args.at else now_instant()
+        record, path = append(args.root, lambda records: marking_record(
+            records, args.kind, pr=args.pr, head_sha=args.head_sha, reason=args.reason, by=args.by, at=at))
+        print(f"appended {args.kind} of PR #{args.pr} (@{record['login']}, {record['problem']}) as record seq "
+              f"{record['seq']} to {_rel(path, args.root)}; regenerate the board: python -m pipeline board")
+        return OK
+    except InstantError as exc:
+        return error(USAGE, str(exc))
+    except LedgerRefusal as exc:
+        return error(REFUSED, str(exc))
+    except LedgerBroken as exc:
+        return error(REFUSED, f"the ledger does not verify: {exc}")
+    except SignatureError as exc:
+        return error(USAGE, str(exc))
+    except OSError as exc:  # a full disk, a read-only checkout: the shard is replaced whole or not at all
+        return error(REFUSED, f"the ledger could not be written ({exc.strerror or exc}); no shard was changed. "
+                      "Fix the file system and run the same command again")
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _append(args: argparse.Namespace) -> int:
+    from pipeline.result import MAX_BYTES, ResultError, read_data
+
+    if not args.result.is_file():
+        return error(USAGE, f"{args.result}: no such file; pass the result.json the runner uploaded")
+    accepted_at = format_instant(given_instant(args.merged_at, "--merged-at"))
+    keyring = _load_keyring(args)
+    try:  # bounded (a result is at most MAX_BYTES), a regular file, strict JSON, and valid whole
+        raw, doc = read_data(args.result, MAX_BYTES)
+    except ResultError as exc:
+        return error(REFUSED, f"{exc}\nOnly a result written by the evaluator can be recorded; re-run the evaluation "
+                      "rather than editing its result (pass the result.json the runner uploaded, unchanged)")
+    body = result_record(doc, raw, pr=args.pr, login=args.login, head_sha=args.head_sha, accepted_at=accepted_at,
+                            allow_unofficial=args.allow_unofficial, source=str(args.result), keyring=keyring,
+                            workloads={k: list(v[1]) for k, v in problem_workloads().items()})
+    record, path = append(args.root, body, evidence=raw)
+    print(f"appended PR #{record['pr']} (@{record['login']}, {record['track']}/{record['problem']}, "
+          f"{record['score']['speedup']:.3f}x{'' if record['official'] else ', unofficial'}) as record seq "
+          f"{record['seq']} to {_rel(path, args.root)}")
+    return OK
+
+
+def _without_gc(run: Any) -> Any:
+    """The ledger's verb holds the whole ledger's records for its short life and creates no cycles
+    worth collecting; the cyclic collector would rescan those millions of objects again and again."""
+
+    @wraps(run)
+    def wrapper(args: argparse.Namespace) -> int:
+        with paused_gc():
+            return run(args)
+
+    return wrapper
+
+
+VERBS = {
+    "ledger": (_ledger_args, _without_gc(ledger_verb)),
+}

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pipeline.github_cli import OK, REFUSED, USAGE, _error  # noqa: E402 - one way to say no, escaped
+from pipeline.exits import OK, REFUSED, USAGE, error
+
 # what the ledger verbs write, relative to the repository root: the only paths a publish commits
 OUTPUTS = ("results", "leaderboard.md", "leaderboard")
 TOKEN_ENV = "PIPELINE_PUSH_TOKEN"
@@ -177,9 +178,16 @@ def publish(
 # ---- the verbs' steps ----
 
 def _run_verb(argv: list[str]) -> None:
-    from pipeline.__main__ import main
+    """Run one of the ledger's or the boards' verbs as `python -m pipeline` would (its own parser and
+    run function), in this process; a refusal ends the attempt."""
+    from pipeline.board.cli import VERBS as BOARD_VERBS
+    from pipeline.ledger import VERBS as LEDGER_VERBS
 
-    code = main(argv)
+    name, rest = argv[0], argv[1:]
+    register, run = {**LEDGER_VERBS, **BOARD_VERBS}[name]
+    parser = argparse.ArgumentParser(prog=f"python -m pipeline {name}")
+    register(parser)
+    code = run(parser.parse_args(rest))
     if code != OK:
         raise Refused(code)
 
@@ -297,21 +305,21 @@ def publish_verb(args: argparse.Namespace) -> int:
     redone on the new tip and pushed again.
     """
     if args.attempts < 1 or args.backoff < 0:
-        return _error(USAGE, "--attempts must be at least 1 and --backoff not negative")
+        return error(USAGE, "--attempts must be at least 1 and --backoff not negative")
     try:
         _author(args.author)
     except ValueError as exc:
-        return _error(USAGE, str(exc))
+        return error(USAGE, str(exc))
     if not (Path(args.repo) / ".git").exists():
-        return _error(USAGE, f"{args.repo}: not a git clone; pass --repo with the checkout of the repository")
+        return error(USAGE, f"{args.repo}: not a git clone; pass --repo with the checkout of the repository")
     if args.what == "reconcile":
         return reconcile(args)
     if args.what == "ledger":
         result = args.result.resolve()
         if not result.is_file():
-            return _error(USAGE, f"{args.result}: no such file; pass the result.json the bench run uploaded")
+            return error(USAGE, f"{args.result}: no such file; pass the result.json the bench run uploaded")
         if not SHA_RE.match(args.head_sha):
-            return _error(USAGE, f"--head-sha {args.head_sha!r} is not a 40-hex-digit commit SHA")
+            return error(USAGE, f"--head-sha {args.head_sha!r} is not a 40-hex-digit commit SHA")
         steps = ledger_steps(args, result)
         message = f"ledger: PR #{args.pr} (@{args.login}) at {args.head_sha[:12]}, merged {args.merged_at}"
     else:
@@ -320,15 +328,14 @@ def publish_verb(args: argparse.Namespace) -> int:
     # Import everything the steps use now: the worktrees are data, never the code that runs.
     import pipeline.board.cli  # noqa: F401
     import pipeline.ledger  # noqa: F401
-    import pipeline.ledger_cli  # noqa: F401
 
     try:
         publish(Path(args.repo), steps, message, remote=args.remote, branch=args.branch, attempts=args.attempts,
                 backoff=args.backoff, author=args.author, token=os.environ.get(TOKEN_ENV) or None)
     except Refused as exc:
-        return _error(exc.code, "nothing was pushed")
+        return error(exc.code, "nothing was pushed")
     except PublishError as exc:
-        return _error(REFUSED, str(exc))
+        return error(REFUSED, str(exc))
     return OK
 
 
@@ -464,7 +471,6 @@ def reconcile(args: argparse.Namespace) -> int:
     from pipeline.signing import SignatureError
 
     import pipeline.board.cli  # noqa: F401 - everything the steps use, before the worktrees exist
-    import pipeline.ledger_cli  # noqa: F401
 
     repo = Path(args.repo)
     try:
@@ -484,13 +490,13 @@ def reconcile(args: argparse.Namespace) -> int:
                                 branch=args.branch, attempts=args.attempts, backoff=args.backoff, author=args.author,
                                 token=os.environ.get(TOKEN_ENV) or None)
     except (CompetitionError, InstantError, GitHubError, SignatureError) as exc:
-        return _error(USAGE, str(exc))
+        return error(USAGE, str(exc))
     except lg.LedgerBroken as exc:
-        return _error(REFUSED, f"the ledger does not verify: {exc}")
+        return error(REFUSED, f"the ledger does not verify: {exc}")
     except Refused as exc:
-        return _error(exc.code, "nothing was pushed")
+        return error(exc.code, "nothing was pushed")
     except PublishError as exc:
-        return _error(REFUSED, str(exc))
+        return error(REFUSED, str(exc))
     appended = outcome.get("appended", [])
     if published.commit:
         print(f"recorded {len(appended)} merged PR{'s' if len(appended) != 1 else ''}"
@@ -502,7 +508,7 @@ def reconcile(args: argparse.Namespace) -> int:
         what = [f"#{e.pr} (run {e.run_id}): its result was refused (above)" for e in refused]
         what += [f"{len(errors)} result{'s' if len(errors) != 1 else ''} did not verify (above)"] if errors else []
         what += [f"#{n} is not recorded (see the notes above)" for n in unrecorded if n not in {e.pr for e in refused}]
-        return _error(REFUSED, "; ".join(what) + ("; everything else was recorded and pushed" if published.commit
+        return error(REFUSED, "; ".join(what) + ("; everything else was recorded and pushed" if published.commit
                                                   else ""))
     return OK
 
@@ -529,16 +535,16 @@ def find_result(args: argparse.Namespace) -> int:
         gh = GitHub.from_env(repository=args.repo)
         pull = gh.pull(args.pr)
         if not pull.merged or not pull.merged_at:
-            return _error(REFUSED, f"#{args.pr} is not merged ({pull.state}); only a merged PR's result is recorded")
+            return error(REFUSED, f"#{args.pr} is not merged ({pull.state}); only a merged PR's result is recorded")
         merged = dt.datetime.strptime(pull.merged_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
         runs = gh.bench_runs(merged - dt.timedelta(days=args.days))
     except GitHubError as exc:
-        return _error(USAGE, str(exc))
+        return error(USAGE, str(exc))
     mine = [r for r in runs if r.pr == pull.number]
     done = [r for r in mine if r.head_sha == pull.head_sha and r.status == "completed" and r.conclusion == "success"]
     if not done:
         evaluated = sorted({r.head_sha[:12] for r in mine if r.head_sha and r.conclusion == "success"})
-        return _error(REFUSED, (
+        return error(REFUSED, (
             f"#{pull.number} was merged at head {pull.head_sha}, which no bench run evaluated successfully"
             + (f" (evaluated: {', '.join(evaluated)})" if evaluated else " (no evaluation at all)")
             + ": the merged head must be the evaluated one. Label the head with run-eval, let it finish, then "
@@ -549,7 +555,7 @@ def find_result(args: argparse.Namespace) -> int:
     # every value is a number, a login, a hex SHA or an instant: none can carry a newline into the file
     for key, value in facts.items():
         if not re.match(r"^[A-Za-z0-9:._-]+\Z", value):
-            return _error(REFUSED, f"unexpected {key} {value!r} from the API")
+            return error(REFUSED, f"unexpected {key} {value!r} from the API")
     if args.output:
         with open(args.output, "a", encoding="utf-8") as fh:
             fh.writelines(f"{k}={v}\n" for k, v in facts.items())

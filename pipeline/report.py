@@ -13,17 +13,29 @@ A serving result (track serving) shows, instead of the per-workload table, its p
 parts and S, the unscored figures, and a PNG of throughput per GPU against interactivity
 (`serving_plot`). Every number of it is checked finite and in range as it is written (`_num`), and every
 string (a server's error, a level's reason, the engine's name) goes through `md_inline`.
+
+The report's verbs decide what is shown where: `post-result` (report.yml) posts a result only once it
+is valid by the schema and its signature verifies against the committed keys, on the pull request its
+signed head SHA belongs to and only if the signed PR and login are that PR's, with the would-be rank from
+main's ledger (`pr_comment`, which `evaluate --comment` prints too, so a competitor sees the comment
+before opening the PR); `plot-result` (bench.yml) writes a serving result's PNG; `show-result` prints a
+result as the terminal table.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
 from pipeline.escape import md_code_block, md_heading, md_inline, terminal as terminal_text, terminal_lines
+from pipeline.exits import MAX_EVENT_BYTES, OK, REFUSED, USAGE, error, github_args, github_client, guarded, read_json
 
 VERDICT = {
     "passed": "PASSED",
@@ -651,11 +663,231 @@ def serving_plot(doc: dict[str, Any]) -> bytes | None:
 
 def write_serving_plot(doc: dict[str, Any], folder: Any) -> Any:
     """Write serving_plot's PNG as PLOT_NAME in `folder` (beside the comment); its path, or None."""
-    from pathlib import Path
-
     data = serving_plot(doc)
     if data is None:
         return None
     path = Path(folder) / PLOT_NAME
     path.write_bytes(data)
     return path
+
+
+# ---- the verbs: post-result (report.yml), plot-result (bench.yml), show-result (by hand) ----
+# Exit codes (pipeline/exits.py): 0 done (posted, written), 1 refused, 2 usage or configuration error.
+
+MAX_RESULT_BYTES = 16 * 1024 * 1024
+CHECK_SUMMARY_LIMIT = 65_535  # GitHub's limit on a check run's output.summary
+
+
+def safe_url(url: str | None) -> bool:
+    """Whether a URL from GitHub's API (a run's page) may be linked in a comment as it is."""
+    return bool(url) and re.match(r"^https?://[\w./:-]+\Z", url) is not None
+
+
+CONCLUSIONS = {
+    "passed": "success",
+    "needs_review": "neutral",
+    "incorrect": "failure",
+    "compile_error": "failure",
+    "runtime_error": "failure",
+    "timeout": "failure",
+    "rejected": "failure",
+}
+
+
+def _post_args(p: argparse.ArgumentParser) -> None:
+    github_args(p)
+    p.add_argument("--result", type=Path, metavar="JSON", help="the downloaded result.json (data only)")
+    p.add_argument("--keyring", type=Path, metavar="DIR", help="the runners' public keys (default: "
+                   "$PIPELINE_KEYRING, else keys/runners/ of the repository)")
+    p.add_argument("--run-url", help="the bench run's page (default: the workflow_run event's html_url)")
+
+
+def would_be_rank(doc: dict[str, Any], root: Path) -> str | None:
+    """Where `doc` would stand on the board that root's ledger gives now (post-result: main's checkout;
+    `evaluate --comment --board`: the board's folder); None (a note on stderr) if it cannot be had, as
+    the rank is a courtesy and the verdict is shown all the same."""
+    from pipeline import competition, ledger
+    from pipeline.board.standings import would_be_rank as place
+
+    try:
+        toml = root / "competition.toml"
+        return place(ledger.read(root), competition.load(toml if toml.is_file() else None),
+                     ledger.problem_workloads(), doc, ledger.now_instant())
+    except Exception as exc:  # noqa: BLE001 - the rank is a courtesy; the verdict must still be posted
+        print(f"note: no would-be rank ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+
+def pr_comment(doc: dict[str, Any], *, root: Path, log_url: str | None = None,
+               plot_artifact_url: str | None = None, limit: int = GITHUB_LIMIT) -> str:
+    """The sticky comment post-result posts for `doc` (and, at CHECK_SUMMARY_LIMIT, its check run's
+    summary), with the would-be rank on root's board. `evaluate --comment` prints exactly this."""
+    return comment_markdown(doc, log_url=log_url, rank=would_be_rank(doc, root), limit=limit,
+                            plot_artifact_url=plot_artifact_url)
+
+
+# the bench run's artifact that holds a serving result's plot (bench.yml's sign job uploads it)
+PLOT_ARTIFACT = "serving-plot"
+
+
+def _plot_link(gh, run: dict) -> str | None:
+    """The page of the bench run's serving-plot artifact, for the comment to link (GitHub cannot show an
+    artifact inline, and the report job has nowhere to host an image); None where there is none."""
+    run_id, page = run.get("id"), run.get("html_url")
+    if not isinstance(run_id, int) or not page or not safe_url(page):
+        return None
+    from pipeline.github import GitHubError
+
+    try:
+        found = [a for a in gh.run_artifacts(run_id) if a.name == PLOT_ARTIFACT and not a.expired]
+    except GitHubError as exc:  # the link is a courtesy; the verdict must still be posted
+        print(f"note: no plot link ({exc})", file=sys.stderr)
+        return None
+    return f"{page.rstrip('/')}/artifacts/{found[-1].id}" if found else None
+
+
+@guarded
+def post_result(args: argparse.Namespace) -> int:
+    """report.yml: verify a bench run's result.json and post it as the sticky comment and check run.
+
+    The result is read as data, validated against the schema and its signature verified before
+    anything is posted; the PR is found from the recorded head SHA and must match the recorded PR and
+    login. With a workflow_run event and no result (the run failed before writing one), the PR its
+    title names is told so.
+    """
+    from pipeline import result
+    from pipeline.github import BENCH_TITLE_RE
+
+    event = read_json(args.event, "event payload", MAX_EVENT_BYTES) if args.event else {}
+    run = (event or {}).get("workflow_run") or {}
+    log_url = args.run_url or run.get("html_url")
+    if log_url and not safe_url(log_url):
+        log_url = None
+    if args.result is None or not os.path.lexists(args.result):
+        m = BENCH_TITLE_RE.match(run.get("display_title") or "")
+        if not m:
+            return error(USAGE, "no result.json, and no bench run event naming a pull request")
+        gh = github_client(args)
+        pull = gh.pull(int(m["pr"]))
+        head = m["head_sha"]
+        text = (f"### Evaluation of {head[:12]}: no result\n\nThe bench run ended ({md_escape(run.get('conclusion'))})"
+                " before writing a result" + (f"; see [the run log]({log_url})." if log_url else ".")
+                + " The organizers have been notified; a maintainer can label the pull request again.")
+        gh.upsert_comment(pull.number, MARKER + "\n" + text + "\n")
+        gh.upsert_check_run(head, conclusion="failure", title="no result", summary=text, details_url=log_url)
+        return error(REFUSED, f"bench run for #{pull.number} at {head} produced no result")
+
+    from pipeline import signing
+
+    doc = read_json(args.result, "result", MAX_RESULT_BYTES)
+    try:
+        result.validate(doc)
+    except result.ResultError as exc:
+        return error(REFUSED, f"{args.result}: {exc}")
+    try:
+        keyring = signing.load_keyring(args.keyring)
+    except signing.SignatureError as exc:
+        return error(USAGE, str(exc))
+    try:
+        signing.verify(doc, keyring)
+    except signing.SignatureError as exc:
+        return error(REFUSED, f"{args.result}: {exc}; nothing was posted")
+    sub = doc["submission"]
+    head = sub["head_sha"]
+    if not head:
+        return error(REFUSED, f"{args.result}: the result names no head commit; it is not a pull request's evaluation")
+    gh = github_client(args)
+    pull = gh.find_pull(head)
+    if pull is None:
+        return error(REFUSED, f"no pull request has commit {head}")
+    if sub["pr"] is not None and sub["pr"] != pull.number:
+        return error(REFUSED, f"the result is for #{sub['pr']}, but commit {head} belongs to #{pull.number}")
+    if sub["login"] is not None and sub["login"].lower() != pull.author.lower():
+        return error(REFUSED, f"the result is for @{sub['login']}, but #{pull.number} is by @{pull.author}")
+    from pipeline.competition import REPO_ROOT
+
+    plot = _plot_link(gh, run) if doc.get("serving") else None
+    body = pr_comment(doc, root=REPO_ROOT, log_url=log_url, plot_artifact_url=plot)
+    comment_id, created = gh.upsert_comment(pull.number, body)
+    title = f"{doc['problem']}: {VERDICT[doc['status']]}"
+    if doc.get("score"):  # a serving score is S, shown without an x as on its board
+        title += (f", S = {doc['score']['speedup']:.3f}" if doc.get("serving") else f", {doc['score']['speedup']:.3f}x")
+    check_id, _ = gh.upsert_check_run(head, conclusion=CONCLUSIONS[doc["status"]], title=title,
+                                      summary=pr_comment(doc, root=REPO_ROOT, log_url=log_url,
+                                                         limit=CHECK_SUMMARY_LIMIT, plot_artifact_url=plot),
+                                      details_url=log_url)
+    print(f"{'posted' if created else 'updated'} comment {comment_id} on #{pull.number} and check run {check_id}: "
+          f"{title}")
+    return OK
+
+
+# ---- plot-result ----
+
+def _plot_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("result", type=Path, help="a serving result.json (read as data)")
+    p.add_argument("--out", type=Path, required=True, metavar="PNG", help="where to write the plot")
+
+
+@guarded
+def plot_result(args: argparse.Namespace) -> int:
+    """bench.yml: a serving result's throughput per GPU against interactivity, as a PNG beside it.
+
+    The result is read as data and validated first. A serving result without levels (a patch the gate
+    refused, a server that never came up) has no plot: nothing is written, exit 0. Exit 1 for a file that
+    is not a serving result, 2 for a folder that does not exist.
+    """
+    from pipeline import result
+
+    try:
+        _, doc = result.read_data(args.result)
+    except result.ResultError as exc:
+        return error(REFUSED, str(exc))
+    if doc["track"] != "serving":
+        return error(REFUSED, f"{args.result} is a {doc['track']} result; only a serving result has this plot")
+    if not args.out.parent.is_dir():
+        return error(USAGE, f"--out {args.out}: the folder {args.out.parent} does not exist")
+    data = serving_plot(doc)
+    if data is None:
+        print(f"no plot: {args.result} has no measured level ({doc['status']})")
+        return OK
+    tmp = args.out.with_name(f".{args.out.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out} ({len(data):,} bytes)")
+    return OK
+
+
+# ---- show-result ----
+
+def _show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("result", type=Path, help="a result.json (read as data)")
+    p.add_argument("--markdown", type=Path, metavar="OUT", help="also write the PR comment post-result would post")
+
+
+@guarded
+def show_result(args: argparse.Namespace) -> int:
+    """Print a result as the evaluator's terminal table (a serving result: its per-concurrency table, gate and S).
+
+    The result is read as data and validated; it need not be signed (an organizer reads a hand-run
+    evaluation with it). --markdown writes the sticky comment the PR would get. Exit 1 for a file that is
+    not a valid result.
+    """
+    from pipeline import result
+
+    try:
+        _, doc = result.read_data(args.result)
+    except result.ResultError as exc:
+        return error(REFUSED, str(exc))
+    print(terminal(doc))
+    if args.markdown:
+        args.markdown.write_text(comment_markdown(doc))
+    return OK
+
+
+VERBS = {
+    "post-result": (_post_args, post_result),
+    "plot-result": (_plot_args, plot_result),
+    "show-result": (_show_args, show_result),
+}

@@ -22,6 +22,7 @@ never signs or verifies, and need not have it.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import copy
 import hashlib
@@ -31,6 +32,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipeline.exits import OK, REFUSED, USAGE, error
 
 KEY_ENV = "PIPELINE_SIGNING_KEY_FILE"
 KEYRING_ENV = "PIPELINE_KEYRING"
@@ -302,3 +305,136 @@ def loads(raw: bytes) -> Any:
     """JSON as strict as the canonical form: UTF-8, no duplicate keys (two parsers must never read two
     different documents from one signed file), no NaN or Infinity."""
     return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
+# ---- the verbs: sign (bench.yml's sign job, on the signer host), verify-result (anyone: the committed
+# public keys are enough), keygen (the key's owner, once per signer host). Exit codes (pipeline/exits.py):
+# 0 done, 1 refused (not a result that may be signed, or its signature does not verify), 2 usage or
+# configuration error (no key, a bad keyring).
+
+# what the sign job checks the unsigned result against: the dispatch's inputs (bench.yml)
+BINDINGS = (("pr", "pr"), ("head_sha", "head_sha"), ("login", "login"), ("blob_sha", "blob_sha"))
+
+
+def _sign_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("result", type=Path, help="the unsigned result.json the evaluate job uploaded (data only)")
+    p.add_argument("--out", type=Path, metavar="SIGNED.json", help="where to write the signed result (default: "
+                   "in place)")
+    p.add_argument("--key-file", type=Path, help="the private key (default: $PIPELINE_SIGNING_KEY_FILE)")
+    p.add_argument("--pr", type=int, help="refuse unless the result is for this pull request")
+    p.add_argument("--head-sha", help="refuse unless the result evaluated this head commit")
+    p.add_argument("--login", help="refuse unless the result is this competitor's (case-insensitive)")
+    p.add_argument("--blob-sha", help="refuse unless the result evaluated this blob")
+    p.add_argument("--problem", help="refuse unless the result is for this problem")
+
+
+def _bound(doc: dict, args: argparse.Namespace) -> str | None:
+    """Why the result is not the evaluation the dispatch asked for, or None."""
+    sub = doc["submission"]
+    for key, attr in BINDINGS:
+        want = getattr(args, attr)
+        if want is None or want == "":
+            continue
+        have = sub.get(key)
+        same = (str(have).lower() == str(want).lower()) if key == "login" else have == want
+        if not same:
+            return f"the result's submission {key} is {have!r}, but the dispatch named {want!r}"
+    if args.problem and doc["problem"] != args.problem:
+        return f"the result is for problem {doc['problem']!r}, but the dispatch named {args.problem!r}"
+    return None
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Atomically: a new file beside `path`, then renamed over it (a link at `path` is replaced, never
+    written through)."""
+    tmp = path.with_name(f".{path.name}.sign{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def sign_verb(args: argparse.Namespace) -> int:
+    """Sign an evaluator's result with the signer host's Ed25519 key, after checking it as data.
+
+    The result must be a regular JSON file (never a link), valid by result.schema.json, unsigned, and
+    (when --pr, --head-sha, --login, --blob-sha or --problem are given) the evaluation the dispatch
+    asked for. The signature covers the whole document but its signature field.
+    """
+    from pipeline import result
+
+    try:
+        key = load_private_key(args.key_file)
+    except SignatureError as exc:
+        return error(USAGE, str(exc))
+    try:
+        _, doc = result.read_data(args.result)
+    except result.ResultError as exc:
+        return error(REFUSED, f"{exc}\nOnly a result the evaluator wrote is signed; nothing was signed.")
+    if doc["signature"] is not None:
+        return error(REFUSED, f"{args.result} already carries a signature: the evaluator writes unsigned results, "
+                      "so this one did not come from it; nothing was signed")
+    why = _bound(doc, args)
+    if why:
+        return error(REFUSED, f"{args.result}: {why}; nothing was signed")
+    signed = sign(doc, key)
+    result.validate(signed)
+    out = args.out or args.result
+    try:
+        _replace(out, (json.dumps(signed, indent=2, sort_keys=True) + "\n").encode())
+    except OSError as exc:
+        return error(USAGE, f"cannot write {out}: {exc.strerror}")
+    sub = doc["submission"]
+    print(f"signed {out} with key {key.key_id}: {doc['problem']} {doc['status']}"
+          + (f", PR #{sub['pr']} at {sub['head_sha']}" if sub["pr"] else ""))
+    return OK
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("result", type=Path, help="a result.json")
+    p.add_argument("--keyring", type=Path, metavar="DIR",
+                   help="the runners' public keys (default: $PIPELINE_KEYRING, else keys/runners/ of the repository)")
+
+
+def verify_result(args: argparse.Namespace) -> int:
+    """Check a result's schema and signature against the committed public keys; exit 1 when either fails."""
+    from pipeline import result
+
+    try:
+        keyring = load_keyring(args.keyring)
+    except SignatureError as exc:
+        return error(USAGE, str(exc))
+    try:
+        _, doc = result.read_data(args.result)
+        key = verify(doc, keyring)
+    except (result.ResultError, SignatureError) as exc:
+        return error(REFUSED, f"{args.result}: {exc}")
+    print(f"ok: {args.result} is a valid result signed with key {key.key_id} ({key.name}, {key.path})")
+    return OK
+
+
+def _keygen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--private", type=Path, required=True, metavar="PATH",
+                   help="the new private key: created with mode 600, never over an existing file")
+    p.add_argument("--public", type=Path, required=True, metavar="PATH",
+                   help="the new public key, to commit as keys/runners/<host>.pub")
+
+
+def keygen_verb(args: argparse.Namespace) -> int:
+    """Make a new Ed25519 signing key pair for a signer host (run on that host, as the signer's user)."""
+    try:
+        key = keygen(args.private, args.public)
+    except SignatureError as exc:
+        return error(USAGE, str(exc))
+    except OSError as exc:
+        return error(USAGE, f"cannot write the key: {exc}")
+    print(f"new key {key.key_id}\n  private: {args.private} (mode 600; point ${KEY_ENV} at it on this host "
+          f"only)\n  public:  {args.public} (commit it as {KEYRING_DIR.as_posix()}/<host>.pub through a PR)")
+    return OK
+
+
+VERBS = {
+    "sign": (_sign_args, sign_verb),
+    "verify-result": (_verify_args, verify_result),
+    "keygen": (_keygen_args, keygen_verb),
+}

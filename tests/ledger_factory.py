@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import competition as comp
-from pipeline.ledger_cli import problem_workloads
+from pipeline.ledger import problem_workloads
 from pipeline import signing
 from pipeline.result import validate
 

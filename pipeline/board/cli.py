@@ -23,7 +23,7 @@ from pipeline.board.render import render_board
 from pipeline.board.snapshots import snapshots as hourly
 from pipeline.board.standings import derive
 from pipeline.competition import REPO_ROOT, CompetitionError, InstantError, format_instant, load, parse_instant
-from pipeline.ledger_cli import problem_workloads
+from pipeline.ledger import problem_workloads
 
 OK, REFUSED, USAGE = 0, 1, 2
 SNAPSHOTS_DIR = Path("results") / "snapshots"

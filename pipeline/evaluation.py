@@ -1,0 +1,216 @@
+"""The kernel track's verbs: `evaluate` (a submission's verdict: correctness on every shape, then timing
+against the baseline), `calibrate` (the problems' tolerances against their correct and wrong variants)
+and `problems` (what can be evaluated). Registered in pipeline/cli.py's VERBS.
+
+Each parses, checks what the competitor passed (a clear message and exit 2 on a mistake), calls
+pipeline/kernel/ and prints. The evaluation itself, and every rule of it, is pipeline/kernel/evaluate.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+from pipeline.exits import USAGE, error
+
+HARNESS_ERROR = 3  # the evaluation could not be completed for a reason that is not the submission's
+
+
+def _usage(message: str) -> int:
+    return error(USAGE, message)
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("submission", type=Path, help="a submission.py defining custom_kernel(inputs)")
+    p.add_argument("--problem", help="the problem; inferred from submissions/kernel/<problem>/<login>/ paths")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the result document here")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when there is one")
+    p.add_argument("--model", choices=["full", "smoke"], help="default: full on cuda, smoke on cpu")
+    p.add_argument("--seeds", type=int, help="seeds per shape (default: 8 on a GPU, 3 on a CPU)")
+    p.add_argument("--shape", action="append", help="check only this shape (repeatable)")
+    p.add_argument("--no-timing", action="store_true", help="check correctness only")
+    p.add_argument("--meta", type=Path, metavar="JSON",
+                   help="the submission's facts written by fetch-submission (pr, head_sha, login, path, blob_sha); "
+                        "recorded in the result after the file's blob SHA is checked against them")
+    p.add_argument("--official", action="store_true",
+                   help="refuse to run unless the result can be official: a CUDA device, the full model, the runner's "
+                        "secret seeds, every shape timed, and the submission's process isolated (root, namespaces)")
+    p.add_argument("--baseline", choices=["ours", "sglang"], default="ours",
+                   help="what the speedups are measured against: ours (the default, reference/<problem>.py) or "
+                        "SGLang's own kernels where the pinned SGLang is installed (an organizer's choice; recorded)")
+    p.add_argument("--grant-read", type=Path, action="append", default=[], metavar="PATH",
+                   help="also let the submission's process read PATH (benchmarks that submit the reference's own "
+                        "code; never on the runner, and refused with --official)")
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """Evaluate a kernel submission: correctness on every shape, then timing against the baseline.
+
+    Exit 0 when it passed, 1 when it failed, 2 on a usage error, 3 when the baseline failed (no result:
+    not the submission's fault; the runner's organizers look at it).
+    """
+    from pipeline.problems import ProblemError, infer_problem, list_problems, load_problem
+
+    if not args.submission.is_file():
+        return _usage(f"{args.submission}: no such file; pass the path of your submission.py")
+    name = args.problem or infer_problem(args.submission)
+    if not name:
+        return _usage(
+            f"cannot tell the problem of {args.submission}; pass --problem NAME "
+            f"(one of: {', '.join(list_problems())})"
+        )
+    try:
+        problem = load_problem(name)
+    except ProblemError as exc:
+        return _usage(str(exc))
+    if args.seeds is not None and args.seeds < 1:
+        return _usage("--seeds must be at least 1")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _usage("--device cuda, but this machine has no CUDA device")
+    if args.shape:
+        known = {s.name for s in problem.shapes("smoke")}
+        unknown = sorted(set(args.shape) - known)
+        if unknown:
+            return _usage(f"{problem.name} has no shape {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+    from pipeline import report
+    from pipeline.kernel.evaluate import Options, evaluate as run_evaluation
+    from pipeline.kernel.seeds import load_secret
+    from pipeline.result import git_blob_sha
+
+    meta = {}
+    if args.meta:
+        try:
+            meta = json.loads(args.meta.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            return _usage(f"--meta {args.meta}: cannot read it ({exc}); pass the file fetch-submission wrote")
+        if not isinstance(meta, dict):
+            return _usage(f"--meta {args.meta}: expected a JSON object")
+        actual = git_blob_sha(args.submission.read_bytes())
+        if meta.get("blob_sha") != actual:
+            return _usage(f"{args.submission} has blob {actual}, but --meta names {meta.get('blob_sha')}: "
+                          "the file is not the one that was fetched and verified")
+        if meta.get("problem") and meta["problem"] != problem.name:
+            return _usage(f"--meta names problem {meta['problem']!r}, but the evaluation is for {problem.name!r}")
+
+    if args.official and args.grant_read:
+        return _usage("--grant-read cannot be used with --official: the submission's process sees its own file only")
+    options = Options(
+        device=args.device,
+        model=args.model,
+        seeds=args.seeds,
+        secret=load_secret(),
+        timing=not args.no_timing,
+        shapes=args.shape,
+        official=args.official,
+        grant_read=[p.resolve() for p in args.grant_read],
+        baseline=args.baseline,
+        submission_meta={k: meta[k] for k in ("path", "login", "pr", "head_sha") if k in meta},
+        progress=lambda line: print(f"[evaluate] {line}", file=sys.stderr, flush=True),
+    )
+    # A runner that cancels the job (or a harness's timeout) sends SIGTERM: end the evaluation the
+    # way an error would, so the submission's process is killed and its GPU memory freed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    from pipeline.kernel.evaluate import baseline_problem
+
+    why = baseline_problem(options, problem)
+    if why:
+        return _usage(why)
+    if args.official:
+        from pipeline.kernel.evaluate import official_problem
+
+        why = official_problem(options)
+        if why:
+            return _usage(f"refusing an official evaluation: {why}")
+    from pipeline.kernel.evaluate import BaselineFailure
+    from pipeline.kernel.toolchains import RunnerConfigError, image_digest
+
+    try:
+        image_digest()  # the runner's statement of its image, checked before anything runs
+    except RunnerConfigError as exc:
+        print(f"error: the runner is misconfigured, and no result was written: {exc}", file=sys.stderr)
+        return HARNESS_ERROR
+    try:
+        doc = run_evaluation(args.submission, problem, options)
+    except BaselineFailure as exc:
+        print(f"error: the evaluation could not be completed, and no result was written: {exc}", file=sys.stderr)
+        return HARNESS_ERROR
+    print(report.terminal(doc))
+    if args.json:
+        from pipeline import result
+
+        result.write(doc, args.json)
+    return 0 if doc["status"] == "passed" else 1
+
+
+def _problems_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable")
+
+
+def problems(args: argparse.Namespace) -> int:
+    """List the kernel problems and their workloads."""
+    from pipeline.problems import list_problems, load_problem
+
+    out = {}
+    for name in list_problems():
+        p = load_problem(name)
+        out[name] = {"title": p.title, "workloads": [w["name"] for w in p.workloads], "tests": [t["name"] for t in p.tests]}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for name, info in out.items():
+            print(f"{name}: {info['title']}\n  workloads: {', '.join(info['workloads'])}\n  tests: {', '.join(info['tests'])}")
+    return 0
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--problem", action="append", help="only this problem (repeatable); default: all")
+    p.add_argument("--model", choices=["full", "smoke"], help="default: full on cuda, smoke on cpu")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per shape (default 2)")
+    p.add_argument("--write", type=Path, metavar="MD", help="write the markdown table here (docs/TOLERANCES.md)")
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    """Run the correct and wrong variants of each problem and tabulate their errors against the bounds.
+
+    Exit 1 when any correct variant fails or any wrong variant passes.
+    """
+    import torch
+
+    from pipeline.kernel.calibrate import calibrate as run, render
+    from pipeline.problems import ProblemError, list_problems, load_problem
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = args.model or ("full" if device == "cuda" else "smoke")
+    try:
+        problems = {n: load_problem(n) for n in (args.problem or list_problems())}
+    except ProblemError as exc:
+        return _usage(str(exc))
+    results = {}
+    for name, problem in problems.items():
+        results[name] = run(problem, model=model, device=device, seeds=args.seeds)
+        for r in results[name]:
+            print(f"{name:24s} {r.name:32s} {r.expect:8s} {'ok' if r.ok else 'WRONG VERDICT'}"
+                  f"{'  ' + r.error if r.error else ''}", flush=True)
+    command = "python -m pipeline calibrate" + (f" --model {model}" if args.model else "") + (
+        f" --seeds {args.seeds}" if args.seeds != 2 else "") + (f" --write {args.write}" if args.write else "")
+    text = render(results, problems, model, device, command)
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(text)
+    bad = [f"{n}/{r.name}" for n, rs in results.items() for r in rs if not r.ok]
+    if bad:
+        print("wrong verdicts: " + ", ".join(bad), file=sys.stderr)
+    return 1 if bad else 0
+
+
+VERBS = {
+    "calibrate": (_calibrate_args, calibrate),
+    "evaluate": (_evaluate_args, evaluate),
+    "problems": (_problems_args, problems),
+}

@@ -1,0 +1,93 @@
+"""How a verb ends, shared by every stage's verbs: its exit codes, the one way it says no, and the inputs
+whose failure is such an ending (a JSON file read as data, the GitHub client of the environment).
+
+Exit codes: 0 done, 1 refused (the input is not one that may pass), 2 usage or configuration error.
+A message goes to stderr, control characters shown as escapes (it may quote a file name or a title a
+competitor chose), after "refused: " or "error: ".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+from functools import wraps
+from pathlib import Path
+from typing import Any, Callable
+
+OK, REFUSED, USAGE = 0, 1, 2
+MAX_EVENT_BYTES = 32 * 1024 * 1024  # a workflow's event payload, read by `read_json`
+
+
+def error(code: int, message: str) -> int:
+    from pipeline.validate import printable
+
+    text = "\n".join(printable(line) for line in message.splitlines())
+    print(("refused: " if code == REFUSED else "error: ") + text, file=sys.stderr)
+    return code
+
+
+class Stop(Exception):
+    """Ends a verb (through `guarded`) with this exit code and message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def guarded(body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Map the expected failures of a verb to its exit code and one message, never a stack trace."""
+    from pipeline.competition import InstantError
+    from pipeline.github import GitHubError
+
+    @wraps(body)
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return body(args)
+        except Stop as stop:
+            return error(stop.code, str(stop))
+        except InstantError as exc:
+            return error(USAGE, str(exc))
+        except GitHubError as exc:
+            return error(USAGE, f"GitHub: {exc}")
+
+    return wrapper
+
+
+def read_json(path: Path, what: str, limit: int) -> Any:
+    """A JSON file read as data: a regular file (never through a link), bounded in size."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise Stop(USAGE, f"{path}: cannot read the {what}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Stop(REFUSED, f"{path}: the {what} is not a regular file")
+    if st.st_size > limit:
+        raise Stop(REFUSED, f"{path}: the {what} is {st.st_size:,} bytes, more than {limit:,}")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(limit + 1)
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Stop(REFUSED, f"{path}: the {what} is not JSON: {exc}") from None
+
+
+def github_args(p: argparse.ArgumentParser, *, event: bool = True) -> None:
+    """--repo, and --event (a workflow's payload file), for a verb that a workflow runs."""
+    p.add_argument("--repo", metavar="OWNER/NAME", help="default: $GITHUB_REPOSITORY")
+    if event:
+        p.add_argument("--event", type=Path, metavar="JSON",
+                       default=Path(os.environ["GITHUB_EVENT_PATH"]) if os.environ.get("GITHUB_EVENT_PATH") else None,
+                       help="the event payload (default: $GITHUB_EVENT_PATH)")
+
+
+def github_client(args: argparse.Namespace):
+    from pipeline.github import GitHub, GitHubError
+
+    try:
+        return GitHub.from_env(repository=getattr(args, "repo", None))
+    except GitHubError as exc:
+        raise Stop(USAGE, str(exc)) from None

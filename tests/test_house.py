@@ -1,0 +1,175 @@
+"""The house's two rules about imports, read from the source with `ast` (nothing is imported):
+no module of the pipeline imports the CLI (`pipeline.cli`, which only gathers the stages' verbs, or
+`pipeline.__main__`), and the modules' module-level imports form no cycle (a function-level import,
+made when the function runs, may point anywhere)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "pipeline"
+CLI = {"pipeline.cli", "pipeline.__main__"}
+
+
+def module_name(path: Path, root: Path = PKG) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(path: Path, modules: set[str], root: Path = PKG) -> tuple[set[str], set[str]]:
+    """(every pipeline module `path` imports anywhere, those it imports when it is itself imported)."""
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+
+    def targets(node: ast.Import | ast.ImportFrom) -> set[str]:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            # `from pipeline import ledger` imports the module pipeline.ledger
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules | CLI else base for a in node.names]
+        out = set()
+        for n in names:
+            out.update(c for c in CLI if n == c or n.startswith(c + "."))
+            while n and n not in modules:  # pipeline.board.standings.x -> pipeline.board.standings
+                n = n.rpartition(".")[0]
+            if n:
+                out.add(n)
+                # importing pipeline.a.b runs pipeline.a's __init__ first
+                parent = n.rpartition(".")[0]
+                while parent:
+                    if parent in modules and parent != name:
+                        out.add(parent)
+                    parent = parent.rpartition(".")[0]
+        out.discard(name)
+        return out
+
+    everywhere: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            everywhere |= targets(node)
+
+    at_import: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:  # statements run when the module is imported
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                at_import.update(targets(node))
+            elif isinstance(node, ast.If):
+                if not _type_checking(node.test):
+                    walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                for h in node.handlers:
+                    walk(h.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+            elif isinstance(node, (ast.With, ast.For, ast.While)):
+                walk(node.body)
+            elif isinstance(node, ast.ClassDef):
+                walk(node.body)
+
+    walk(tree.body)
+    return everywhere, at_import
+
+
+def graph(root: Path = PKG) -> dict[str, tuple[set[str], set[str]]]:
+    files = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    return {name: imports(path, set(files), root) for name, path in files.items()}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph, as the modules along it, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(edges.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(edges):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_no_module_imports_the_cli():
+    found = {name: sorted(every & CLI) for name, (every, _) in graph().items() if name not in CLI and every & CLI}
+    assert not found, f"these modules import the CLI, which only gathers the stages' verbs: {found}"
+
+
+def test_no_import_cycle_at_module_level():
+    found = cycle({name: at_import for name, (_, at_import) in graph().items()})
+    assert found is None, "module-level imports in a circle: " + " -> ".join(found)
+
+
+def test_every_verb_lives_in_a_stage_module_and_none_in_a_transport_named_one():
+    from pipeline import cli
+
+    homes = {run.__module__ for _, run in cli.VERBS.values()}
+    assert not {h for h in homes if h.endswith("_cli") or h in CLI}, homes
+    assert not list(PKG.glob("*_cli.py")), "a verb belongs to the stage whose decision it makes"
+
+
+@pytest.mark.parametrize("source,offence", [
+    ("import pipeline.cli\n", "import"),
+    ("def f():\n    from pipeline.__main__ import main\n", "import"),
+    ("from pipeline import cli as c\n", "import"),
+    ("from . import cli\n", "import"),
+    ("from pipeline import a\n", "cycle"),
+    ("from pipeline.a import x\n", "cycle"),
+])
+def test_the_checks_see_each_kind_of_offence(tmp_path, source, offence):
+    """A copy of a tiny package with one offending line: the same walk finds it (and, without the line,
+    finds nothing)."""
+    pkg = tmp_path / "pipeline"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text("from pipeline import a\n")
+    (pkg / "a.py").write_text("from pipeline import b\n")
+    (pkg / "b.py").write_text("import os\n")
+    clean = graph(pkg)
+    assert cycle({n: e[1] for n, e in clean.items()}) is None
+    assert not any(e[0] & CLI for n, e in clean.items() if n not in CLI)
+    (pkg / "b.py").write_text("import os\n" + source)
+    g = graph(pkg)
+    if offence == "import":
+        assert g["pipeline.b"][0] & CLI
+    else:
+        assert cycle({n: e[1] for n, e in g.items()}) in (["pipeline.a", "pipeline.b", "pipeline.a"],
+                                                           ["pipeline.b", "pipeline.a", "pipeline.b"])
+
+
+def test_a_function_level_import_is_no_cycle(tmp_path):
+    pkg = tmp_path / "pipeline"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pipeline import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline import a\n"
+                              "def f():\n    from pipeline import a\n")
+    assert cycle({n: e[1] for n, e in graph(pkg).items()}) is None
