@@ -4,15 +4,20 @@ and `problems` (what can be evaluated). Registered in pipeline/cli.py's VERBS.
 
 Each parses, checks what the competitor passed (a clear message and exit 2 on a mistake), calls
 pipeline/kernel/ and prints. The evaluation itself, and every rule of it, is pipeline/kernel/evaluate.py.
+`evaluate --comment` prints the pull request comment the bot would post for the result (the report's own
+`pr_comment`, with the would-be rank on the repository's board or --board's), so a competitor sees it
+before opening the PR; on a terminal a progress bar shows the stages on stderr (`Progress`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from pipeline.exits import USAGE, error
 
@@ -21,6 +26,44 @@ HARNESS_ERROR = 3  # the evaluation could not be completed for a reason that is 
 
 def _usage(message: str) -> int:
     return error(USAGE, message)
+
+
+class Progress:
+    """The evaluation's stages as they finish, on stderr. On a terminal: one bar, redrawn in place, with
+    the stage just finished; anywhere else (a pipe, a job's log) no bar, one line per stage as before,
+    so a log reads in order and a program reading stderr sees no carriage returns."""
+
+    WIDTH = 24
+
+    def __init__(self, total: int, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.total = max(1, total)
+        self.done = 0
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+
+    def __call__(self, line: str) -> None:
+        self.done = min(self.done + 1, self.total)
+        if not self.tty:
+            print(f"[evaluate] {line}", file=self.stream, flush=True)
+            return
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns or 80  # 0: a terminal of no size yet
+        except (OSError, ValueError):
+            columns = 80
+        filled = self.WIDTH * self.done // self.total
+        bar = f"[evaluate] [{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total} {line.strip()}"
+        self.stream.write("\r" + bar[: max(columns - 1, 20)] + "\x1b[K")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End the bar's line, so what is printed next starts on a line of its own."""
+        if self.tty and self.done:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.done = 0
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
@@ -44,6 +87,12 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grant-read", type=Path, action="append", default=[], metavar="PATH",
                    help="also let the submission's process read PATH (benchmarks that submit the reference's own "
                         "code; never on the runner, and refused with --official)")
+    p.add_argument("--comment", action="store_true",
+                   help="print the pull request comment the bot would post for this result (post-result's own "
+                        "renderer and would-be rank) on stdout, the terminal table on stderr")
+    p.add_argument("--board", type=Path, metavar="LEADERBOARD.md",
+                   help="with --comment: the board to rank against, a leaderboard.md with the ledger it is made "
+                        "from (results/ledger/) beside it (default: the repository's, as post-result ranks)")
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -100,6 +149,23 @@ def evaluate(args: argparse.Namespace) -> int:
 
     if args.official and args.grant_read:
         return _usage("--grant-read cannot be used with --official: the submission's process sees its own file only")
+    from pipeline.competition import REPO_ROOT
+
+    board_root = REPO_ROOT
+    if args.board is not None:
+        if not args.comment:
+            return _usage("--board is for --comment (the comment's would-be rank); pass both, or neither")
+        if not args.board.is_file():
+            return _usage(f"--board {args.board}: no such file; pass a leaderboard.md, e.g. the repository's "
+                          f"{REPO_ROOT / 'leaderboard.md'}")
+        board_root = args.board.resolve().parent
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = [s for s in problem.shapes(args.model or ("full" if device == "cuda" else "smoke"))
+              if not args.shape or s.name in args.shape]
+    # the stages the evaluation reports as it finishes them: the load, each shape checked, and when timed
+    # each workload timed and the baseline timed alone (a failure ends it sooner: the bar just stops)
+    stages = 1 + len(shapes) + ((sum(s.kind == "workload" for s in shapes) + 1) if not args.no_timing else 0)
+    progress = Progress(stages)
     options = Options(
         device=args.device,
         model=args.model,
@@ -111,7 +177,7 @@ def evaluate(args: argparse.Namespace) -> int:
         grant_read=[p.resolve() for p in args.grant_read],
         baseline=args.baseline,
         submission_meta={k: meta[k] for k in ("path", "login", "pr", "head_sha") if k in meta},
-        progress=lambda line: print(f"[evaluate] {line}", file=sys.stderr, flush=True),
+        progress=progress,
     )
     # A runner that cancels the job (or a harness's timeout) sends SIGTERM: end the evaluation the
     # way an error would, so the submission's process is killed and its GPU memory freed.
@@ -138,9 +204,15 @@ def evaluate(args: argparse.Namespace) -> int:
     try:
         doc = run_evaluation(args.submission, problem, options)
     except BaselineFailure as exc:
+        progress.close()
         print(f"error: the evaluation could not be completed, and no result was written: {exc}", file=sys.stderr)
         return HARNESS_ERROR
-    print(report.terminal(doc))
+    progress.close()
+    if args.comment:  # exactly what post-result posts for this document (no log link: there is no run)
+        print(report.terminal(doc), file=sys.stderr)
+        print(report.pr_comment(doc, root=board_root), end="")
+    else:
+        print(report.terminal(doc))
     if args.json:
         from pipeline import result
 
