@@ -113,6 +113,9 @@ def timing_note(doc: dict[str, Any]) -> str | None:
     if not doc["performance"] or doc["official"]:
         return None
     mode = doc["mode"]
+    if doc.get("track") == "serving":
+        return ("These numbers are UNOFFICIAL: not the official plan on the serving node (its dataset, levels, "
+                "windows and runs); only that run's numbers count.")
     if mode["device"] == "cpu":
         return "These timings are UNOFFICIAL: wall-clock on a CPU with the smoke model; only the H200 runner's numbers count."
     if mode["timing"] != "cuda-graph":

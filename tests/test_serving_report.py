@@ -54,6 +54,18 @@ def test_the_comment_shows_the_per_concurrency_table_the_gate_and_s():
     assert "S = 1.143" in term and "verdict: PASSED" in term
 
 
+def test_an_unofficial_serving_result_says_so_in_the_serving_track_s_words():
+    # the kernel track's note ("a wall-clock loop, not the official CUDA-graph method") printed under the H200's
+    # serving smoke run of 2026-12-02; a serving result is unofficial for the plan it ran, not for a timing method
+    doc = load("passed.json")
+    assert report.timing_note(doc) is None  # the fixture is the official node's result
+    doc["official"] = False
+    doc["mode"]["device"] = "cuda"
+    note = report.timing_note(doc)
+    assert "UNOFFICIAL" in note and "serving node" in note and "CUDA-graph" not in note
+    assert note in report.terminal(doc) and note in report.comment_markdown(doc)
+
+
 def test_a_gated_comment_says_which_part_failed_and_why():
     md = report.comment_markdown(load("gated.json"))
     assert "### serving: INCORRECT" in md and "**Correctness gate: G = 0**" in md
