@@ -49,7 +49,7 @@ if triton is not None:
         tl.store(out_ptr + row * H + cols, _to_bf16(y * w, BY_HAND), mask=ok)
 
     @triton.jit
-    def _rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, req_ptr, bt_ptr, log2_theta,
+    def _rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, req_ptr, bt_ptr, inv_freq_ptr,
                            stride_bt, Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                            HAS_REQ: tl.constexpr, BY_HAND: tl.constexpr):
         """One program per (token, head of q or k): rotate the head; a k head also copies its v head."""
@@ -57,7 +57,9 @@ if triton is not None:
         h = tl.program_id(1)
         half = tl.arange(0, D // 2)
         pos = tl.load(pos_ptr + t).to(tl.int64)
-        inv_freq = tl.exp2(log2_theta * (-2.0 * half.to(tl.float64) / D))
+        # inv_freq from the host in float64: an in-kernel exp2 rounds like fp32 on the GPU, which at position
+        # 65,535 moves the angle by ~1e-2 rad and a rotated value by more than one bf16 step (seen on the H200)
+        inv_freq = tl.load(inv_freq_ptr + half)
         ang = pos.to(tl.float64) * inv_freq
         cos = tl.cos(ang).to(tl.float32)
         sin = tl.sin(ang).to(tl.float32)
@@ -121,6 +123,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return (out, h) if residual is not None else out
 
 
+_INV_FREQ: dict[tuple[int, float, torch.device], torch.Tensor] = {}
+
+
+def _inv_freq(D: int, theta: float, device: torch.device) -> torch.Tensor:
+    """theta ** (-2i / D) for i < D/2 in float64, as the reference's rope_cos_sin computes it; kept from the
+    first eager call (the evaluator's correctness pass), and never kept from inside a graph capture, whose
+    memory belongs to that graph."""
+    key = (D, theta, device)
+    got = _INV_FREQ.get(key)
+    if got is None:
+        got = theta ** (-torch.arange(0, D, 2, dtype=torch.float64, device=device) / D)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _INV_FREQ[key] = got
+    return got
+
+
 def rope_and_cache(qkv, pos, req, block_table, k_cache, v_cache, theta: float, Hq: int) -> torch.Tensor:
     """q [T, Hq, D] bf16 rotated; k (rotated) and v written in place at each token's cache slot. `req`
     None means token t belongs to request t (decode)."""
@@ -128,7 +146,7 @@ def rope_and_cache(qkv, pos, req, block_table, k_cache, v_cache, theta: float, H
     _, page, Hkv, D = k_cache.shape
     q = torch.empty(T, Hq, D, dtype=qkv.dtype, device=qkv.device)
     _rope_cache_kernel[(T, Hq + Hkv)](
-        qkv, q, k_cache, v_cache, pos, req if req is not None else pos, block_table, math.log2(theta),
+        qkv, q, k_cache, v_cache, pos, req if req is not None else pos, block_table, _inv_freq(D, theta, qkv.device),
         block_table.stride(0), Hq=Hq, Hkv=Hkv, D=D, PAGE=page, HAS_REQ=req is not None, BY_HAND=_by_hand(),
         num_warps=1)
     return q
