@@ -1062,9 +1062,10 @@ def _append(args: argparse.Namespace) -> int:
     return OK
 
 
-def _without_gc(run: Any) -> Any:
-    """The ledger's verb holds the whole ledger's records for its short life and creates no cycles
-    worth collecting; the cyclic collector would rescan those millions of objects again and again."""
+def without_gc(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A verb over the whole ledger (`ledger`, and the boards' verbs) holds its records for its short life
+    and creates no cycles worth collecting; the cyclic collector would rescan those millions of objects
+    again and again."""
 
     @wraps(run)
     def wrapper(args: argparse.Namespace) -> int:
@@ -1075,5 +1076,5 @@ def _without_gc(run: Any) -> Any:
 
 
 VERBS = {
-    "ledger": (_ledger_args, _without_gc(ledger_verb)),
+    "ledger": (_ledger_args, without_gc(ledger_verb)),
 }

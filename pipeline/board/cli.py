@@ -11,10 +11,8 @@ import argparse
 import datetime as dt
 import json
 import os
-import sys
-from functools import wraps
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pipeline import ledger as lg
 from pipeline.board import plots
@@ -23,15 +21,10 @@ from pipeline.board.render import render_board
 from pipeline.board.snapshots import snapshots as hourly
 from pipeline.board.standings import derive
 from pipeline.competition import REPO_ROOT, CompetitionError, InstantError, format_instant, load, parse_instant
-from pipeline.ledger import problem_workloads
+from pipeline.exits import OK, REFUSED, USAGE, error
+from pipeline.ledger import problem_workloads, without_gc
 
-OK, REFUSED, USAGE = 0, 1, 2
 SNAPSHOTS_DIR = Path("results") / "snapshots"
-
-
-def _error(code: int, message: str) -> int:
-    print(("refused: " if code == REFUSED else "error: ") + message, file=sys.stderr)
-    return code
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -59,9 +52,9 @@ def _derived(args: argparse.Namespace, now: dt.datetime | None = None, up_to_now
             records = as_of(records, format_instant(now))
         return derive(records, competition, problem_workloads(), now)
     except (CompetitionError, InstantError) as exc:
-        return _error(USAGE, str(exc))
+        return error(USAGE, str(exc))
     except lg.LedgerBroken as exc:
-        return _error(REFUSED, str(exc))
+        return error(REFUSED, str(exc))
 
 
 def _write_if_changed(path: Path, data: bytes) -> bool:
@@ -107,7 +100,7 @@ def board(args: argparse.Namespace) -> int:
         stale = sorted(plots.plot_path(s) for s in d.specs if s.id in shown - current) if not args.no_plots else []
         if (target.read_bytes() if target.is_file() else b"") != text or stale:
             what = ", ".join(["leaderboard.md"] + stale)
-            return _error(REFUSED, f"{what}: not what the ledger gives; regenerate with `python -m pipeline board`")
+            return error(REFUSED, f"{what}: not what the ledger gives; regenerate with `python -m pipeline board`")
         print("leaderboard.md is up to date")
         return OK
     if not args.no_plots:
@@ -117,7 +110,7 @@ def board(args: argparse.Namespace) -> int:
             try:
                 png = plots.render_plot(d, spec)
             except ImportError:
-                return _error(USAGE, "the plots need matplotlib: pip install matplotlib, or pass --no-plots")
+                return error(USAGE, "the plots need matplotlib: pip install matplotlib, or pass --no-plots")
             if png is not None and _write_if_changed(root / plots.plot_path(spec), png):
                 written.append(plots.plot_path(spec))
         folder = root / "leaderboard"
@@ -178,11 +171,11 @@ def prizes(args: argparse.Namespace) -> int:
     """Print every daily window's winner per board, with hours on top, and each closed track's final
     placings, all as of one instant, from the ledger alone."""
     if args.at and args.now:
-        return _error(USAGE, "give --at (the instant the prizes are decided as of) or --now, not both")
+        return error(USAGE, "give --at (the instant the prizes are decided as of) or --now, not both")
     try:
         at = _instant(args.at, "--at") if args.at else None
     except InstantError as exc:
-        return _error(USAGE, str(exc))
+        return error(USAGE, str(exc))
     d = _derived(args, at, up_to_now=True)
     if isinstance(d, int):
         return d
@@ -194,19 +187,8 @@ def prizes(args: argparse.Namespace) -> int:
     return OK
 
 
-def _without_gc(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """The boards' verbs hold the whole ledger's entries for their short life and create no cycles
-    worth collecting; the cyclic collector would rescan those millions of objects again and again."""
-    @wraps(run)
-    def wrapper(args: argparse.Namespace) -> int:
-        with lg.paused_gc():
-            return run(args)
-
-    return wrapper
-
-
 VERBS = {
-    "board": (_board_args, _without_gc(board)),
-    "prizes": (_prizes_args, _without_gc(prizes)),
-    "snapshots": (_snapshots_args, _without_gc(snapshots)),
+    "board": (_board_args, without_gc(board)),
+    "prizes": (_prizes_args, without_gc(prizes)),
+    "snapshots": (_snapshots_args, without_gc(snapshots)),
 }
