@@ -108,7 +108,7 @@ for what in "$@"; do
     # Issue 15: the fault matrix's GPU rows (each fault, then an honest evaluation on the same GPU) and the
     # health check on this GPU, before and after.
     faults) step health-before 60 python3 -m pipeline runner health --device cuda
-            step faults-gpu 420 python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/test_faults.py
+            step faults-gpu 420 python3 -m pytest -v -p no:cacheprovider -rA -m gpu tests/test_faults.py
             step health-after 60 python3 -m pipeline runner health --device cuda ;;
     # Issue 14 on one H200: transformers serve (continuous batching) with a random-weight Qwen3-0.6B-shaped
     # model, the baseline served against itself B C C B (benchmarks/serving_noop.diff, a comment), levels
