@@ -24,6 +24,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from pipeline.result import SHA1_RE
 from pipeline.exits import (MAX_EVENT_BYTES, OK, REFUSED, USAGE, Stop, error, github_args, github_client, guarded,
                             read_json)
 from pipeline.report import safe_url
@@ -31,7 +32,6 @@ from pipeline.report import safe_url
 EVAL_LABEL = "run-eval"
 # roles that may approve running a stranger's code on the GPU runner (triage may label, but not approve)
 APPROVER_ROLES = ("admin", "maintain", "write")
-SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
 
 
 def _now(args: argparse.Namespace) -> dt.datetime:
@@ -288,7 +288,7 @@ def fetch_submission(args: argparse.Namespace) -> int:
     if not pr.isdigit() or int(pr) < 1:
         return error(REFUSED, f"pr {pr!r} is not a pull request number")
     for name, value in (("head_sha", head_sha), ("blob_sha", blob_sha)):
-        if not SHA_RE.match(value):
+        if not SHA1_RE.match(value):
             return error(REFUSED, f"{name} {value!r} is not a 40-hex-digit SHA")
     probe = v.check([v.Change(path, "added", new_mode=v.REGULAR)], login, problems=list_problems())
     if not probe.ok:

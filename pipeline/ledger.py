@@ -54,7 +54,7 @@ from pipeline.competition import REPO_ROOT, InstantError, format_instant, parse_
 from pipeline.exits import OK, REFUSED, USAGE, error
 from pipeline.signing import SignatureError
 # the years a record's times may name, as a result's; evaluated_at is the result's finished_at
-from pipeline.result import EARLIEST, LATEST, parse_instant
+from pipeline.result import EARLIEST, LATEST, SHA1_RE, parse_instant
 
 LEDGER_DIR = Path("results") / "ledger"
 EVIDENCE_DIR = Path("results") / "evidence"
@@ -65,7 +65,6 @@ GENESIS = "0" * 64
 MARKINGS = ("disqualification", "clearance")
 RECORDED_STATUSES = ("passed", "needs_review")
 LOGIN_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})\Z")
-SHA1_RE = re.compile(r"^[0-9a-f]{40}\Z")
 SHARD_RE = re.compile(r"^(\d{4})-(\d{2})\.jsonl\Z")
 CHAIN_KEYS = ("seq", "prev", "sha256")
 # What the board and an auditor need of the environment; the rest stays in the result artifact.

@@ -37,13 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pipeline.result import SHA1_RE
 from pipeline.exits import OK, REFUSED, USAGE, error
 
 # what the ledger verbs write, relative to the repository root: the only paths a publish commits
 OUTPUTS = ("results", "leaderboard.md", "leaderboard")
 TOKEN_ENV = "PIPELINE_PUSH_TOKEN"
 DEFAULT_AUTHOR = "muse-pipeline[bot] <muse-pipeline[bot]@users.noreply.github.com>"
-SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
 # how far back find-result looks for the bench run of a merged head (a competition lasts weeks)
 LOOKBACK_DAYS = 60
 # the artifact of a bench run that holds its signed result.json (bench.yml's sign job uploads it)
@@ -318,7 +318,7 @@ def publish_verb(args: argparse.Namespace) -> int:
         result = args.result.resolve()
         if not result.is_file():
             return error(USAGE, f"{args.result}: no such file; pass the result.json the bench run uploaded")
-        if not SHA_RE.match(args.head_sha):
+        if not SHA1_RE.match(args.head_sha):
             return error(USAGE, f"--head-sha {args.head_sha!r} is not a 40-hex-digit commit SHA")
         steps = ledger_steps(args, result)
         message = f"ledger: PR #{args.pr} (@{args.login}) at {args.head_sha[:12]}, merged {args.merged_at}"

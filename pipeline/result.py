@@ -105,6 +105,7 @@ MAX_STRING = 16_384
 MAX_LOG = 65_536  # a log tail or a traceback
 EARLIEST, LATEST = 2000, 2100  # the years a result's times may name
 LOGIN_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})")
+SHA1_RE = re.compile(r"^[0-9a-f]{40}\Z")  # a git commit or blob id, lowercase hex (\Z: no final newline)
 FLAG_CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
