@@ -2,7 +2,9 @@
 # One device call's worth of GPU work, each step with its own time limit and its own log under $OUT,
 # written as it runs (a step cut off by its limit still leaves its log). Steps by name:
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
-# Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present.
+# Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
+# builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
 # limit still returns every finished step:   PACK=$OUT bash benchmarks/gpu_session.sh exploits tests
