@@ -130,20 +130,14 @@ def evaluate(args: argparse.Namespace) -> int:
     from pipeline import report
     from pipeline.kernel.evaluate import Options, evaluate as run_evaluation
     from pipeline.kernel.seeds import load_secret
-    from pipeline.result import git_blob_sha
+    from pipeline.result import ResultError, read_meta
 
     meta = {}
     if args.meta:
         try:
-            meta = json.loads(args.meta.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            return _usage(f"--meta {args.meta}: cannot read it ({exc}); pass the file fetch-submission wrote")
-        if not isinstance(meta, dict):
-            return _usage(f"--meta {args.meta}: expected a JSON object")
-        actual = git_blob_sha(args.submission.read_bytes())
-        if meta.get("blob_sha") != actual:
-            return _usage(f"{args.submission} has blob {actual}, but --meta names {meta.get('blob_sha')}: "
-                          "the file is not the one that was fetched and verified")
+            meta = read_meta(args.meta, args.submission)
+        except ResultError as exc:
+            return _usage(str(exc))
         if meta.get("problem") and meta["problem"] != problem.name:
             return _usage(f"--meta names problem {meta['problem']!r}, but the evaluation is for {problem.name!r}")
 

@@ -277,6 +277,25 @@ def git_blob_sha(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def read_meta(path: Path, submitted: Path) -> dict[str, Any]:
+    """The facts fetch-submission wrote for a fetched file (an evaluation's --meta), once the file's own blob
+    SHA is the one they name; ResultError says what is wrong and what to pass instead."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResultError(f"--meta {path}: cannot read it ({exc}); pass the file fetch-submission wrote") from None
+    if not isinstance(meta, dict):
+        raise ResultError(f"--meta {path}: expected a JSON object")
+    try:
+        actual = git_blob_sha(submitted.read_bytes())
+    except OSError as exc:
+        raise ResultError(f"{submitted}: cannot read it ({exc.strerror})") from None
+    if meta.get("blob_sha") != actual:
+        raise ResultError(f"{submitted} has blob {actual}, but --meta names {meta.get('blob_sha')}: the file is not "
+                          "the one that was fetched and verified")
+    return meta
+
+
 def write(doc: dict[str, Any], path: Path) -> None:
     """Validate the whole document, then write it beside `path` and rename it into place: a refused or
     interrupted write leaves no half a result."""

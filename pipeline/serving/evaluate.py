@@ -654,18 +654,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
     meta: dict[str, Any] = {}
     if args.meta:
         try:
-            meta = json.loads(args.meta.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            return usage(f"--meta {args.meta}: cannot read it ({exc}); pass the file fetch-submission wrote")
-        if not isinstance(meta, dict):
-            return usage(f"--meta {args.meta}: expected a JSON object")
-        try:
-            actual = result.git_blob_sha(args.patch.read_bytes())
-        except OSError as exc:
-            return usage(f"{args.patch}: cannot read it ({exc.strerror})")
-        if meta.get("blob_sha") != actual:
-            return usage(f"{args.patch} has blob {actual}, but --meta names {meta.get('blob_sha')}: the file is not "
-                         "the one that was fetched and verified")
+            meta = result.read_meta(args.meta, args.patch)
+        except result.ResultError as exc:
+            return usage(str(exc))
         if meta.get("track") not in (None, "serving"):
             return usage(f"--meta names track {meta['track']!r}; this is the serving track's evaluation")
     for side in ("baseline", "candidate"):

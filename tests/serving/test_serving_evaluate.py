@@ -288,6 +288,29 @@ def test_bad_input_is_a_usage_error(inputs, scratch, tmp_path, args, message):
     assert not out.exists() and "launched" not in done.stderr
 
 
+@pytest.mark.parametrize("facts, message", [
+    ({"blob_sha": "b" * 40}, "but --meta names bbbb"),
+    ("the patch's blob, track kernel", "--meta names track 'kernel'"),
+    ([1, 2], "expected a JSON object"),
+    (None, "cannot read it"),
+], ids=["other-blob", "other-track", "not-an-object", "unreadable"])
+def test_meta_that_does_not_name_this_patch_is_a_usage_error(inputs, scratch, tmp_path, facts, message):
+    # --meta (fetch-submission's facts) is checked against the patch's own blob before anything launches,
+    # by the same reader as the kernel track's (result.read_meta)
+    patch = write_patch(scratch, tmp_path)
+    meta = tmp_path / "meta.json"
+    if facts == "the patch's blob, track kernel":
+        facts = {"blob_sha": result.git_blob_sha(patch.read_bytes()), "track": "kernel"}
+    if facts is not None:
+        meta.write_text(json.dumps(facts))
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "pipeline", "serving", "evaluate", str(patch), "--launch", "scripted",
+           "--pin", str(inputs["pin"]), "--dataset", str(inputs["dataset"]), "--meta", str(meta), "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert not out.exists() and "launched" not in done.stderr
+
+
 def test_no_dataset_is_a_usage_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PIPELINE_SERVING_DATASET"}
     (tmp_path / "p.diff").write_text("")
