@@ -28,12 +28,22 @@ def _usage(message: str) -> int:
     return error(USAGE, message)
 
 
+BAR_WIDTH = 24
+
+
+def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
+    """`[#####.......] done/total`: the progress bar the evaluation and the demo draw on a terminal."""
+    filled = width * done // max(1, total)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
 class Progress:
     """The evaluation's stages as they finish, on stderr. On a terminal: one bar, redrawn in place, with
     the stage just finished; anywhere else (a pipe, a job's log) no bar, one line per stage as before,
     so a log reads in order and a program reading stderr sees no carriage returns."""
 
-    WIDTH = 24
+    WIDTH = BAR_WIDTH
+
 
     def __init__(self, total: int, stream: Any = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
@@ -53,9 +63,8 @@ class Progress:
             columns = os.get_terminal_size(self.stream.fileno()).columns or 80  # 0: a terminal of no size yet
         except (OSError, ValueError):
             columns = 80
-        filled = self.WIDTH * self.done // self.total
-        bar = f"[evaluate] [{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total} {line.strip()}"
-        self.stream.write("\r" + bar[: max(columns - 1, 20)] + "\x1b[K")
+        drawn = f"[evaluate] {bar(self.done, self.total)} {line.strip()}"
+        self.stream.write("\r" + drawn[: max(columns - 1, 20)] + "\x1b[K")
         self.stream.flush()
 
     def close(self) -> None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.evaluation import bar
+
 HERE = Path(__file__).resolve().parent
 KERNELS = HERE / "kernels"
 SERVER = HERE / "server.py"
@@ -181,10 +183,7 @@ class Progress:
             n, total = self.done, max(self.total, self.done)
             clock = f"{time.monotonic() - self.t0:5.0f}s"
             if self.tty:
-                width = 24
-                filled = round(width * n / total)
-                print(f"\r\x1b[2K[{'#' * filled}{'.' * (width - filled)}] {n:>2}/{total} {clock}  {text}",
-                      file=sys.stderr, flush=True)
+                print(f"\r\x1b[2K{bar(n, total)} {clock}  {text}", file=sys.stderr, flush=True)
             else:
                 print(f"[{n:>2}/{total}] {clock}  {text}", file=sys.stderr, flush=True)
             with open(self.log, "a") as fh:
