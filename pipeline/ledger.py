@@ -692,12 +692,48 @@ def _loader() -> Callable[[bytes], Any]:
         return json.loads
 
 
-def _parse_lines(name: str, lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+class Unparsed(bytes):
+    """A value of a record left as its JSON text (exactly the bytes of its line), parsed when it is read:
+    the boards show a result's workloads only in the rows they print, and parsing every result's list
+    up front was a third of a competition-sized ledger's parse and most of its memory."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        try:
+            return _loader()(bytes(self))  # (orjson takes bytes themselves, not a subclass)
+        except ValueError:
+            raise LedgerBroken("a result's workloads in the ledger are not JSON; run `python -m pipeline ledger "
+                               "verify`") from None
+
+
+_WORKLOADS_KEY = b',"workloads":'
+
+
+def _parse_lines(name: str, lines: Iterable[bytes], workloads: bool = True) -> Iterator[dict[str, Any]]:
+    """The records of a shard's lines. With `workloads` False, a result's `workloads` (the last key of its
+    canonical line, its keys being sorted) stays Unparsed: the line up to it is parsed as an object of
+    its own, and a line of any other shape (not canonical, not a result) is parsed whole."""
     loads = _loader()
+    key, skip = _WORKLOADS_KEY, len(_WORKLOADS_KEY)
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
+            if not workloads:
+                n = len(line) - (line[-1] == 10)  # without its newline
+                i = line.rfind(key)
+                if i > 0 and line[n - 2:n] == b"]}" and line[i + skip:i + skip + 1] == b"[":
+                    try:
+                        record = loads(line[:i] + b"}")
+                    except ValueError:
+                        record = None  # the cut fell inside a nested value: parse the whole line below
+                    # a valid object up to the cut means the cut is at the top level: `workloads` is the
+                    # record's last key and the rest of the line its value
+                    if record.__class__ is dict and record.get("kind") == "result" and "workloads" not in record:
+                        record["workloads"] = Unparsed(memoryview(line)[i + skip:n - 1])
+                        yield record
+                        continue
             record = loads(line)
             if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
                 raise ValueError
@@ -745,15 +781,16 @@ def read(root: Path) -> list[dict[str, Any]]:
     return parse_shards(read_shards(root))
 
 
-def iter_records(root: Path) -> Iterator[dict[str, Any]]:
-    """Every record, one shard in memory at a time, in no particular order."""
+def iter_records(root: Path, workloads: bool = True) -> Iterator[dict[str, Any]]:
+    """Every record, one shard in memory at a time, in no particular order; with `workloads` False, each
+    result's workloads Unparsed until read (what the boards read: _parse_lines)."""
     directory = Path(root) / LEDGER_DIR
     if not directory.is_dir():
         return
     for path in sorted(directory.iterdir()):
         if path.is_file() and not path.name.startswith("."):
             with open(path, "rb") as f:
-                yield from _parse_lines(path.name, f)
+                yield from _parse_lines(path.name, f, workloads)
 
 
 def verify(root: Path, *, keyring: Any = None, evidence: bool = True, allow_unofficial: bool = False

@@ -581,3 +581,39 @@ def test_a_serving_result_is_recorded_with_its_figures_and_a_partial_one_is_refu
     with pytest.raises(lg.LedgerRefusal, match="status 'incorrect'"):
         body(gated, pr=5)
     assert [r["pr"] for r in lg.verify(tmp_path)] == [3]
+
+
+# ---- the boards' read: a result's workloads left unparsed until shown ----
+
+def test_the_boards_read_gives_every_record_as_the_full_parse_does(tmp_path):
+    """iter_records(workloads=False) parses a result's line up to its `workloads` (the last key of a
+    canonical line) and keeps the rest as its JSON text: read back, every record is exactly what the full
+    parse gives, for canonical lines and for lines where a cut at the last `,"workloads":` would fall inside
+    a nested value (those are parsed whole); a result whose workloads are not JSON fails when they are read."""
+    canonical = [line.decode() for data in _ledger(3).values() for line in data.splitlines()]
+    nested = json.loads(canonical[0])
+    nested["mode"]["workloads"] = [1]  # a key of that name inside an object before the top-level one
+    # the top-level workloads first and a list last: the last `,"workloads":` is the one inside `mode`
+    unsorted = {"workloads": nested["workloads"], **{k: v for k, v in nested.items() if k not in ("workloads", "flags")},
+                "flags": ["x"]}
+    spaced = json.dumps(json.loads(canonical[1]), indent=1).replace("\n", " ")
+    lines = canonical + [json.dumps(nested, sort_keys=True, separators=(",", ":")),
+                         json.dumps(unsorted, separators=(",", ":")), spaced]
+    (tmp_path / "results" / "ledger").mkdir(parents=True)
+    (tmp_path / "results" / "ledger" / "2026-10.jsonl").write_text("\n".join(lines) + "\n")
+    full = list(lg.iter_records(tmp_path))
+    lazy = list(lg.iter_records(tmp_path, workloads=False))
+    assert len(full) == len(lines) == 6
+    kept = [isinstance(r["workloads"], lg.Unparsed) for r in lazy]
+    assert kept == [True, True, True, True, False, False]
+    for r in lazy:
+        if isinstance(r["workloads"], lg.Unparsed):
+            r["workloads"] = r["workloads"].value()
+    assert lazy == full and [list(r) for r in lazy] == [list(r) for r in full]
+    broken = canonical[2].replace('"workloads":[{', '"workloads":[{{')
+    (tmp_path / "results" / "ledger" / "2026-10.jsonl").write_text(broken + "\n")
+    [record] = lg.iter_records(tmp_path, workloads=False)
+    with pytest.raises(lg.LedgerBroken, match="workloads in the ledger are not JSON"):
+        record["workloads"].value()
+    with pytest.raises(lg.LedgerBroken, match="line 1: not a ledger record"):
+        list(lg.iter_records(tmp_path))

@@ -47,7 +47,7 @@ def _derived(args: argparse.Namespace, now: dt.datetime | None = None, up_to_now
     try:
         now = now or _instant(args.now, "--now")
         competition = load(args.competition or Path(args.root) / "competition.toml")
-        records = lg.iter_records(args.root)
+        records = lg.iter_records(args.root, workloads=False)  # each result's parsed when it is shown
         if up_to_now:
             records = as_of(records, format_instant(now))
         return derive(records, competition, problem_workloads(), now)

@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any, Iterable
 
 from pipeline.competition import Competition, format_instant
-from pipeline.ledger import latest_markings
+from pipeline.ledger import Unparsed, latest_markings
 
 # The serving board's columns: the ratio of each scored figure to the baseline's, as a serving result's
 # performance entries name them (pipeline/result.py's serving_document; c as in pipeline/serving/score.py).
@@ -72,14 +72,20 @@ class Entry:
         self.state = "ranked"
         self.mark = None  # the disqualification that took it off the board
 
+    def _workload_list(self) -> list[dict[str, Any]]:
+        wl = self._workloads
+        if wl.__class__ is Unparsed:  # as the boards read the ledger (iter_records): parsed when first shown
+            wl = self._workloads = wl.value()
+        return wl
+
     @property
     def workloads(self) -> dict[str, float]:
-        return {w["workload"]: w["speedup"] for w in self._workloads}
+        return {w["workload"]: w["speedup"] for w in self._workload_list()}
 
     @property
     def baseline_us(self) -> float | None:
         """The geometric mean of the baseline medians measured in this result's own run."""
-        base = [w["baseline_median_us"] for w in self._workloads if w.get("baseline_median_us", 0) > 0]
+        base = [w["baseline_median_us"] for w in self._workload_list() if w.get("baseline_median_us", 0) > 0]
         return math.exp(sum(map(math.log, base)) / len(base)) if base else None
 
 
