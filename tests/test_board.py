@@ -568,3 +568,32 @@ def test_the_baseline_row_shows_the_median_of_the_baseline_times_the_ranked_resu
     row = next(x for x in text.splitlines() if x.startswith("| | baseline (`reference/muse_bf16_proj.py:baseline`)"))
     assert row.split("|")[3].strip() == "120.0", "the median of 80, 120 and 400 us; dan's run is not ranked"
     assert "The baseline's time is the median of the baseline times measured in the ranked results' own runs." in text
+
+
+def test_a_board_verb_run_as_a_process_ends_with_its_own_exit_code_and_every_output_written(tmp_path):
+    """Run as `python -m pipeline`, the board verbs end their process without freeing what they read
+    (cli.exit_without_teardown): what they printed and wrote is all there, and the exit code is theirs;
+    called in-process (every other test here), they return."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered, as in a workflow
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline", *args, "--root", str(tmp_path), "--now", at(30)],
+                              cwd=ROOT, capture_output=True, env=env)
+
+    write_competition(tmp_path)
+    put(tmp_path, result(1, "ann", 1.5, at(1)))
+    done = run("board", "--no-plots")
+    assert (done.returncode, done.stdout) == (0, b"board from 1 results: leaderboard.md\n")
+    assert main(["board", "--no-plots", "--check", "--root", str(tmp_path), "--now", at(30)]) == 0
+    written = (tmp_path / "leaderboard.md").read_bytes()
+    (tmp_path / "leaderboard.md").write_bytes(written + b"\n")
+    stale = run("board", "--no-plots", "--check")
+    assert stale.returncode == 1 and stale.stderr.startswith(b"refused: leaderboard.md: not what the ledger gives")
+    snaps = run("snapshots")
+    assert snaps.returncode == 0 and b"wrote 30 missing" in snaps.stdout
+    assert len(list((tmp_path / "results" / "snapshots").glob("*/*.json"))) == 30
+    assert run("prizes", "--json").returncode == 0 and run("prizes", "--at", "2026-13-01").returncode == 2
