@@ -55,7 +55,7 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, bm: int):
     SGLang's moe_align_block_size kernel); more pairs (prefill), a few PyTorch ops whose cost is small
     beside the GEMMs."""
     n_pairs = topk_ids.numel()
-    max_padded = (n_pairs + num_experts * (bm - 1) + bm - 1) // bm * bm
+    max_padded = padded_capacity(n_pairs, num_experts, bm)
     if triton is not None and n_pairs <= ALIGN_KERNEL_MAX_PAIRS and topk_ids.is_contiguous():
         device = topk_ids.device
         sorted_pairs = torch.empty(max_padded, dtype=torch.int32, device=device)
@@ -66,6 +66,15 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, bm: int):
                      EB=max(16, triton.next_power_of_2(num_experts)), CHUNK=64, RC=16, num_warps=8)
         return sorted_pairs, block_expert, total
     return _align_torch(topk_ids, num_experts, bm, max_padded)
+
+
+def padded_capacity(n_pairs: int, num_experts: int, bm: int) -> int:
+    """The most rows the aligned layout can need: every used expert's run padded by up to bm - 1, and at
+    most min(E, pairs) experts used (M1 routes 8 pairs: 8 experts, not 128). SGLang sizes it by all E
+    (`numel + E * (block - 1)`), which at M1 launches 121 M-blocks of which 8 have work (ncu: 93-97% of
+    the GEMMs' programs exited at once; docs/BENCHMARKS.md)."""
+    used = min(num_experts, n_pairs)
+    return (n_pairs + used * (bm - 1) + bm - 1) // bm * bm
 
 
 def _align_torch(topk_ids: torch.Tensor, num_experts: int, bm: int, max_padded: int):
@@ -189,6 +198,60 @@ if triton is not None:
             u += tl.load(row + I + cols, mask=ok, other=0.0)
         tl.store(act_ptr + pair * I + cols, _to_bf16(g / (1.0 + tl.exp(-g)) * u, BY_HAND), mask=ok)
 
+    # Four bytes of nibbles in one 32-bit word -> eight bf16 128 + n, two per 32-bit register: two byte
+    # permutes place bytes (0, 1) and (2, 3) in the two halves of a word, one lop3 each keeps a nibble and
+    # ors in the bf16 pattern of 128 (0x4300), a shift brings the high nibbles down: 8 instructions for 8
+    # weights (the trick of Marlin and FasterTransformer, written here) against ~3 per weight element by
+    # element. Element j of the pack is byte j of $4 and half j % 2 of output register j // 2, so the
+    # functions are elementwise (lo[j], hi[j] of byte j) whatever elements Triton packs together.
+
+    @triton.jit
+    def _nibbles_packed(packed):
+        """(lo, hi) bf16 128 + the low / high nibble of each byte of the uint8 tile `packed` (GPU only)."""
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t0, t1;
+            prmt.b32 t0, $4, 0, 0x4140;
+            prmt.b32 t1, $4, 0, 0x4342;
+            lop3.b32 $0, t0, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 $1, t1, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 t0, t0, 4;
+            shr.u32 t1, t1, 4;
+            lop3.b32 $2, t0, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 $3, t1, 0x000F000F, 0x43004300, 0xEA;
+            }""",
+            "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+    @triton.jit
+    def _nibbles_scaled(packed, scale):
+        """(lo, hi) bf16 (n - 8) * scale rounded once, of each byte's low / high nibble, `scale` bf16 of
+        packed's shape: the packed unpacking, then two bf16x2 fma per two weights (128 + n - 136 is exact;
+        (n - 8) * s + -0 is the product rounded once, as the scale-before scheme's f32 path gives)."""
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t0, t1, l0, l1, h0, h1, one, off, nz;
+            mov.b32 one, 0x3F803F80;
+            mov.b32 off, 0xC308C308;
+            mov.b32 nz, 0x80008000;
+            prmt.b32 t0, $4, 0, 0x4140;
+            prmt.b32 t1, $4, 0, 0x4342;
+            lop3.b32 l0, t0, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 l1, t1, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 t0, t0, 4;
+            shr.u32 t1, t1, 4;
+            lop3.b32 h0, t0, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 h1, t1, 0x000F000F, 0x43004300, 0xEA;
+            fma.rn.bf16x2 l0, l0, one, off;
+            fma.rn.bf16x2 l1, l1, one, off;
+            fma.rn.bf16x2 h0, h0, one, off;
+            fma.rn.bf16x2 h1, h1, one, off;
+            fma.rn.bf16x2 $0, l0, $5, nz;
+            fma.rn.bf16x2 $1, l1, $6, nz;
+            fma.rn.bf16x2 $2, h0, $5, nz;
+            fma.rn.bf16x2 $3, h1, $6, nz;
+            }""",
+            "=r,=r,=r,=r,r,r,r", [packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
     @triton.jit
     def _group_step(acc, a, packed, scale, SCHEME: tl.constexpr, DEQ: tl.constexpr, F32: tl.constexpr):
         """acc [BM, BN] fp32 plus a [BM, GROUP] (bf16) times the int4 tile `packed` [BN, GROUP // 2] (two
@@ -199,7 +262,10 @@ if triton is not None:
         SGLang's kernel does, so every group's dot accumulates in place (one accumulator chain).
         DEQ 0: the nibbles converted int -> float. DEQ 1: no conversion instruction (they are a quarter-
         rate pipe on the GPU): a nibble n or'ed into the bf16 pattern 0x4300 is the number 128 + n, so the
-        codes are offset by 136 and (SCHEME 0) 136 * sum(a) is taken off the group's dot."""
+        codes are offset by 136 and (SCHEME 0) 136 * sum(a) is taken off the group's dot. DEQ 2: the same
+        numbers, four bytes per 32-bit word in inline PTX (_nibbles_packed), and with SCHEME 1 the offset
+        and the scale applied two weights per bf16x2 fma (_nibbles_scaled): what ncu found binding M16,
+        the unpacking's instructions per weight, cut ~3x. Not in the interpreter (no PTX there)."""
         lo = packed & 0xF
         hi = packed >> 4
         if F32:  # the interpreter: float32 dots, the bf16 roundings by hand
@@ -208,6 +274,14 @@ if triton is not None:
                 return acc + tl.dot(a.to(tl.float32), tl.trans(q)) * scale[None, :]
             w = _to_bf16(q * scale[:, None], True).to(tl.float32)
             return tl.dot(a.to(tl.float32), tl.trans(w), acc)
+        if DEQ == 2:
+            if SCHEME == 0:
+                lo, hi = _nibbles_packed(packed)
+                q = tl.interleave(lo, hi)
+                raw = tl.dot(a, tl.trans(q)) - 136.0 * tl.sum(a.to(tl.float32), 1)[:, None]
+                return acc + raw * scale[None, :]
+            lo, hi = _nibbles_scaled(packed, tl.broadcast_to(scale.to(tl.bfloat16)[:, None], packed.shape))
+            return tl.dot(a, tl.trans(tl.interleave(lo, hi)), acc)
         if DEQ == 1:
             q = tl.interleave((lo.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True),
                               (hi.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True))
