@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
-# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env (see each below).
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill rope
+# (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
 # limit still returns every finished step:   PACK=$OUT bash benchmarks/gpu_session.sh exploits tests
@@ -22,9 +23,11 @@ step() {  # name, seconds, command...
   local name=$1 limit=$2; shift 2
   echo "== $name (limit ${limit}s) $(date -u +%H:%M:%S)" | tee -a "$OUT/steps.log"
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name rc=$? $(date -u +%H:%M:%S)" | tee -a "$OUT/steps.log"
+  local rc=$?
+  echo "== $name rc=$rc $(date -u +%H:%M:%S)" | tee -a "$OUT/steps.log"
   tail -n 15 "$OUT/$name.log"
   if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi
+  return $rc
 }
 for what in "$@"; do
   case $what in
@@ -63,6 +66,20 @@ for what in "$@"; do
                  step tune-moe-m1 240 python3 benchmarks/tune_fused_moe.py --write --m 1 --json "$OUT/tune-moe-m1.json"
                  cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
                  if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
+    # Issue 12, ninth session: the packed PTX unpacking (DEQ 2) on this GPU (every variant right on the full
+    # model, graphs capture), then a search of its configurations against the kept ones (each M's kept
+    # configuration timed first in the same run), the decode sizes and the prefill sizes in two steps.
+    tune-deq2) step deq2-check 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rA tests/test_reference_muse_moe_w4a16.py \
+                 -k "variant or graph or align" \
+               && step tune-deq2-decode 300 python3 benchmarks/tune_fused_moe.py --write --no-moe-torch --only DEQ=2 \
+                 --seconds 0.3 --m 1 --m 16 --m 32 --json "$OUT/tune-deq2-decode.json"
+               cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
+               if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
+    tune-deq2-prefill) step tune-deq2-prefill 200 python3 benchmarks/tune_fused_moe.py --write --only DEQ=2 \
+                         --seconds 0.25 --m 2048 --m 4096 --m 8192 --json "$OUT/tune-deq2-prefill.json"
+                       cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
+                       if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
+    rope) step rope 120 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py -k "rope" ;;
     # Issue 12: the layers' fused small ops (reference/_layer_ops.py) and the fused MoE's alignment on this GPU.
     fused-ops) step fused-ops-tests 150 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py \
                  tests/test_reference_muse_moe_w4a16.py -k "fused or rope or routing or align" ;;

@@ -10,6 +10,11 @@ keeps what it finished), with the machine it was measured on and this command, s
 repeated; moe_torch (the old baseline) and the floor are printed beside it. GPU only.
 
     python benchmarks/tune_fused_moe.py [--write] [--m 1 --m 16 ...] [--seconds 0.4] [--json OUT]
+        [--only DEQ=2 --only BN=64,128 ...]   (restrict the grid's values of a key)
+
+The configuration kept for each M is timed first in the same run (its row says "kept"), so a new
+search is compared with what it would replace on the same machine at the same time; --no-moe-torch
+skips timing the old PyTorch loop (34 ms a call).
 """
 
 from __future__ import annotations
@@ -38,11 +43,11 @@ import _fused_moe_w4a16 as fused  # noqa: E402
 
 GRIDS = {  # by regime: M <= 64 reads weights (memory-bound), larger M is compute-bound
     # A handful of tokens uses a handful of experts: too few programs to fill the GPU, so split K.
-    "few": {"SCHEME": [0], "DEQ": [1], "BM": [16], "BN": [64, 128], "num_warps": [4, 8], "num_stages": [3],
-            "SPLIT_UP": [1, 2, 4, 8], "SPLIT_DOWN": [1, 2, 4]},
-    "decode": {"SCHEME": [0, 1], "DEQ": [0, 1], "BM": [16], "BN": [32, 64, 128], "num_warps": [4, 8],
+    "few": {"SCHEME": [0, 1], "DEQ": [1, 2], "BM": [16], "BN": [64, 128], "num_warps": [4], "num_stages": [3],
+            "SPLIT_UP": [1, 2, 4], "SPLIT_DOWN": [1, 2]},
+    "decode": {"SCHEME": [0, 1], "DEQ": [1, 2], "BM": [16], "BN": [32, 64, 128], "num_warps": [4, 8],
                "num_stages": [2, 3]},
-    "prefill": {"SCHEME": [0, 1], "DEQ": [1], "BM": [64, 128], "BN": [64, 128], "num_warps": [4, 8],
+    "prefill": {"SCHEME": [1], "DEQ": [1, 2], "BM": [64, 128], "BN": [64, 128], "num_warps": [4, 8],
                 "num_stages": [3]},
 }
 
@@ -91,7 +96,19 @@ def main() -> None:
     ap.add_argument("--m", type=int, action="append", help=f"token counts to tune (default {DEFAULT_M})")
     ap.add_argument("--seconds", type=float, default=0.4, help="sampling per configuration and workload")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
+                    help="restrict a key of the grid to these values (integers)")
+    ap.add_argument("--no-moe-torch", action="store_true", help="do not time the old PyTorch loop")
     args = ap.parse_args()
+    only = {}
+    for item in args.only:
+        key, _, values = item.partition("=")
+        try:
+            only[key] = [int(v) for v in values.split(",")]
+        except ValueError:
+            ap.error(f"--only {item!r}: expected KEY=V1,V2 with integer values")
+        if not any(key in g for g in GRIDS.values()):
+            ap.error(f"--only {item!r}: {key} is no key of the grids ({', '.join(GRIDS['decode'])})")
     problem = load_problem("muse_moe_w4a16")
     ref = problem.reference
     ceilings = device_ceilings()
@@ -101,25 +118,32 @@ def main() -> None:
         shape = dataclasses.replace(base, name=f"M{m}", params={**base.params, "M": m})
         sets = [ref.make_inputs(shape, 100 + r, "cuda") for r in range(2)]
         floor = floor_us(ref.floor(shape), ceilings)
-        base_us = time_us(ref.baseline, sets, args.seconds) if m <= 64 else float("nan")
+        base_us = time_us(ref.baseline, sets, args.seconds) if m <= 64 and not args.no_moe_torch else float("nan")
         print(f"{shape.name}: baseline (moe_torch) {base_us:,.1f} us, floor {floor:,.1f} us", flush=True)
-        grid = GRIDS[regime(m)]
+        grid = {k: only.get(k, v) for k, v in GRIDS[regime(m)].items()}
         results = []
-        for values in itertools.product(*grid.values()):
-            cfg = dict(zip(grid, values))
+        kept = fused._configs().get(m)
+        candidates = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+        if kept is not None:
+            kept = {**fused.DEFAULT_CONFIG, **kept}
+            candidates = [kept] + [c for c in candidates if {**fused.DEFAULT_CONFIG, **c} != kept]
+        for cfg in candidates:
             try:
                 us = time_us(lambda s, cfg=cfg: fused.fused_moe(*(s[k] for k in KEYS), config=cfg), sets, args.seconds)
             except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped
                 print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                 continue
             results.append((us, cfg))
-            print(f"  {cfg}: {us:,.2f} us", flush=True)
+            print(f"  {cfg}: {us:,.2f} us" + (" (kept)" if cfg is kept else ""), flush=True)
         results.sort(key=lambda r: r[0])
         us, cfg = results[0]
         best[shape["M"]] = cfg
+        kept_us = next((u for u, c in results if c is kept), float("nan"))
         rows.append({"workload": shape.name, "M": shape["M"], "baseline_us": base_us, "fused_us": us, "floor_us": floor,
+                     "kept_us": kept_us, "kept": kept,
                      "fused_over_floor": us / floor, "config": cfg, "top5": results[:5]})
         print(f"{shape.name}: best {cfg}: {us:,.2f} us = {us / floor:.2f}x the floor, "
+              f"{kept_us / us:.3f}x the kept configuration's {kept_us:,.2f} us, "
               f"{base_us / us:.1f}x faster than moe_torch", flush=True)
         if args.write:
             write({m: cfg})
@@ -127,10 +151,11 @@ def main() -> None:
             args.json.write_text(json.dumps(rows, indent=2))
         del sets
         torch.cuda.empty_cache()
-    print("\n| workload | moe_torch us | fused us | floor us | fused / floor | config |\n| --- | --- | --- | --- | --- | --- |")
+    print("\n| workload | moe_torch us | kept us | best us | floor us | best / floor | config |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['workload']} | {r['baseline_us']:,.1f} | {r['fused_us']:,.2f} | {r['floor_us']:,.1f} | "
-              f"{r['fused_over_floor']:.2f}x | {r['config']} |")
+        print(f"| {r['workload']} | {r['baseline_us']:,.1f} | {r['kept_us']:,.2f} | {r['fused_us']:,.2f} | "
+              f"{r['floor_us']:,.1f} | {r['fused_over_floor']:.2f}x | {r['config']} |")
 
 
 if __name__ == "__main__":
