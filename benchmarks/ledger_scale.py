@@ -183,7 +183,10 @@ def in_process(root: str, now: str) -> None:
 
     gc.disable()  # as the commands run (pipeline.ledger.paused_gc)
     t0 = time.perf_counter()
-    records = list(lg.iter_records(Path(root)))
+    if "--list" in sys.argv:  # the records read into a list first, to time the read alone (the commands stream)
+        records = list(lg.iter_records(Path(root), workloads=False))
+    else:  # as the commands read: streamed into derive, each result's workloads parsed only if shown
+        records = lg.iter_records(Path(root), workloads=False)
     t1 = time.perf_counter()
     d = derive(records, load(Path(root) / "competition.toml"), problem_workloads(), parse_instant(now))
     t2 = time.perf_counter()
@@ -201,7 +204,7 @@ def main() -> None:
         with lg.paused_gc():
             lg.verify_shards(lg.read_shards(Path(sys.argv[2])))
         return
-    if len(sys.argv) == 4 and sys.argv[1] == "--in-process":
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--in-process":  # [--list]: read_s is the read alone
         in_process(sys.argv[2], sys.argv[3])
         return
     if len(sys.argv) == 4 and sys.argv[1] == "--generate":
