@@ -31,7 +31,7 @@ download() {  # dir, requirements...: each at this machine's version, else (no c
   done
 }
 top=()
-for p in jsonschema jsonschema-specifications referencing rpds-py attrs cryptography cffi pycparser tabulate unidiff; do
+for p in jsonschema jsonschema-specifications referencing rpds-py attrs cryptography cffi pycparser tabulate unidiff orjson; do
   top+=("$(pinned "$p")")
 done
 download .whl "${top[@]}"

@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
-# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill rope
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -75,17 +75,25 @@ for what in "$@"; do
                  --seconds 0.3 --m 1 --m 16 --m 32 --json "$OUT/tune-deq2-decode.json"
                cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
                if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
-    tune-deq2-prefill) step tune-deq2-prefill 200 python3 benchmarks/tune_fused_moe.py --write --only DEQ=2 \
-                         --seconds 0.25 --m 2048 --m 4096 --m 8192 --json "$OUT/tune-deq2-prefill.json"
+    tune-deq2-prefill) step tune-deq2-prefill 190 python3 benchmarks/tune_fused_moe.py --write --only DEQ=2 \
+                         --seconds 0.2 --m 2048 --m 4096 --m 8192 --json "$OUT/tune-deq2-prefill.json"
                        cp reference/configs/fused_moe_w4a16.json "$OUT/" 2>/dev/null
                        if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi ;;
+    # What bounding the alignment's grid by the used experts saves at M1: the kept configuration alone (the
+    # grid's other values are the kept ones), with the grid as SGLang sizes it and with ours, twice each.
+    grid-bound) for i in 1 2; do
+                  step grid-sglang$i 60 python3 benchmarks/tune_fused_moe.py --no-moe-torch --sglang-capacity --m 1 \
+                    --only SCHEME=1 --only DEQ=2 --only BN=64 --only SPLIT_UP=2 --only SPLIT_DOWN=1
+                  step grid-ours$i 60 python3 benchmarks/tune_fused_moe.py --no-moe-torch --m 1 \
+                    --only SCHEME=1 --only DEQ=2 --only BN=64 --only SPLIT_UP=2 --only SPLIT_DOWN=1
+                done ;;
     rope) step rope 120 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py -k "rope" ;;
     # Issue 12: the layers' fused small ops (reference/_layer_ops.py) and the fused MoE's alignment on this GPU.
     fused-ops) step fused-ops-tests 150 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py \
                  tests/test_reference_muse_moe_w4a16.py -k "fused or rope or routing or align" ;;
     # Issue 12: the fused-MoE baselines submitted against themselves on the full model (every shape, 2 seeds):
     # their correctness through the evaluator, their times against the floor, the evaluations' wall time.
-    baselines) step baselines 560 python3 benchmarks/official_eval.py --as-baseline \
+    baselines) step baselines 330 python3 benchmarks/official_eval.py --as-baseline \
                  --problem muse_moe_w4a16 --problem muse_decode_layer --problem muse_prefill_layer --seeds 2 \
                  --timeout 180 --json "$OUT/baselines.json" ;;
     baselines-moe) step baselines-moe 180 python3 benchmarks/official_eval.py --as-baseline --problem muse_moe_w4a16 \
@@ -127,7 +135,7 @@ for what in "$@"; do
     # Issue 15: the fault matrix's GPU rows (each fault, then an honest evaluation on the same GPU) and the
     # health check on this GPU, before and after.
     faults) step health-before 60 python3 -m pipeline runner health --device cuda
-            step faults-gpu 420 python3 -m pytest -v -p no:cacheprovider -rA -m gpu tests/test_faults.py
+            step faults-gpu 520 python3 -m pytest -v -p no:cacheprovider -rA -m gpu tests/test_faults.py
             step health-after 60 python3 -m pipeline runner health --device cuda ;;
     # Issue 14 on one H200: transformers serve (continuous batching) with a random-weight Qwen3-0.6B-shaped
     # model, the baseline served against itself B C C B (benchmarks/serving_noop.diff, a comment), levels

@@ -85,7 +85,7 @@ def write(best: dict[int, dict]) -> None:
         "measured": {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                      "triton": __import__("triton").__version__,
                      "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     "command": "python benchmarks/tune_fused_moe.py --write"},
+                     "command": "python " + " ".join(["benchmarks/tune_fused_moe.py", *sys.argv[1:]])},
         "configs": {str(m): c for m, c in sorted(configs.items())}}, indent=2) + "\n")
     print(f"wrote {fused.CONFIGS}", flush=True)
 
@@ -99,7 +99,14 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
                     help="restrict a key of the grid to these values (integers)")
     ap.add_argument("--no-moe-torch", action="store_true", help="do not time the old PyTorch loop")
+    ap.add_argument("--sglang-capacity", action="store_true",
+                    help="size the alignment's grid as SGLang does (every expert's run padded, not only the used "
+                         "ones'): what the bound on the used experts saves, measured; never with --write")
     args = ap.parse_args()
+    if args.sglang_capacity:
+        if args.write:
+            ap.error("--sglang-capacity measures the old grid; it never writes configurations")
+        fused.padded_capacity = lambda n, e, bm: (n + e * (bm - 1) + bm - 1) // bm * bm
     only = {}
     for item in args.only:
         key, _, values = item.partition("=")
