@@ -1,7 +1,7 @@
 """Wall time of a full official evaluation of each problem's template (8 seeds, every shape, the
 official timing), and the baseline's median against the analytic floor for every workload. GPU only.
 
-    python benchmarks/official_eval.py [--problem NAME ...] [--seeds 8] [--as-baseline] [--json OUT]
+    python benchmarks/official_eval.py [--problem NAME ...] [--seeds 8] [--as-baseline | --solutions] [--json OUT]
 
 --as-baseline evaluates a submission that is the problem's own baseline: what the evaluation of a
 competitive submission costs (the templates are plain-PyTorch starting points, up to 60x slower than
@@ -61,6 +61,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--as-baseline", action="store_true", help="submit each problem's baseline instead of its template")
+    ap.add_argument("--solutions", action="store_true",
+                    help="submit the organizers' solution (solutions/<problem>/submission.py) instead of the template; "
+                         "problems without one are skipped")
     ap.add_argument("--function", default="baseline",
                     help="with --as-baseline: which function of reference/<problem>.py to submit (a variant staged "
                          "beside the baseline)")
@@ -73,6 +76,11 @@ def main() -> None:
         for name in args.problem or list_problems():
             out = Path(tmp) / f"{name}.json"
             submission = f"problems/{name}/template.py"
+            if args.solutions:
+                submission = f"solutions/{name}/submission.py"
+                if not (ROOT / submission).is_file():
+                    print(f"{name}: no organizers' solution ({submission}); skipped", flush=True)
+                    continue
             if args.as_baseline:
                 submission = str(Path(tmp) / f"{name}_baseline.py")
                 Path(submission).write_text(AS_BASELINE.format(folder=ROOT / "reference", name=name, function=args.function))

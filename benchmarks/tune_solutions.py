@@ -1,0 +1,108 @@
+"""Tune the organizers' solutions (solutions/<problem>/submission.py, issue 18) on the H200, as
+tune_fused_moe.py tunes the fused MoE baseline: each configuration timed as the evaluator times a
+submission (CUDA graphs over rotated input sets, cold weights, the median over --seconds), the problem's
+baseline timed in the same run beside them, and with --write the best per M written into the
+submission's CONFIGS (between its `CONFIGS = {` line and the closing `}`), so no search is repeated.
+
+    python benchmarks/tune_solutions.py muse_bf16_proj [--write] [--seconds 0.3] [--json OUT]
+GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from pipeline.kernel.evaluate import device_ceilings, floor_us  # noqa: E402
+from pipeline.problems import load_problem  # noqa: E402
+from tune_fused_moe import time_us  # noqa: E402
+
+GRIDS = {
+    "muse_bf16_proj": {"BN": [16, 32, 64], "BK": [128, 256], "SPLIT": [1, 2], "num_warps": [4],
+                       "num_stages": [3, 4, 6]},
+}
+
+
+def load_solution(problem: str):
+    path = ROOT / "solutions" / problem / "submission.py"
+    spec = importlib.util.spec_from_file_location(f"solution_{problem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return path, module
+
+
+def write_configs(path: Path, best: dict[int, dict]) -> None:
+    text = path.read_text()
+    body = "".join(f"    {m}: {json.dumps(c).replace('true', 'True').replace('false', 'False')},\n"
+                   for m, c in sorted(best.items()))
+    new, n = re.subn(r"^CONFIGS = \{\n.*?^\}\n", "CONFIGS = {\n" + body + "}\n", text, count=1, flags=re.S | re.M)
+    if n != 1:
+        raise SystemExit(f"{path}: no `CONFIGS = {{ ... }}` block to write into")
+    path.write_text(new)
+    print(f"wrote CONFIGS into {path}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("problem", choices=sorted(GRIDS))
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--seconds", type=float, default=0.3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    problem = load_problem(args.problem)
+    ref = problem.reference
+    path, solution = load_solution(args.problem)
+    ceilings = device_ceilings()
+    grid = GRIDS[args.problem]
+    rows, best = [], {}
+    for shape in problem.shapes("full", kinds=("workload",)):
+        sets = [ref.make_inputs(shape, 100 + r, "cuda") for r in range(2)]
+        floor = floor_us(ref.floor(shape), ceilings)
+        base_us = time_us(ref.baseline, sets, args.seconds)
+        kept = solution.config_for(shape["M"])
+        kept_us = time_us(lambda s: solution.custom_kernel(s), sets, args.seconds)
+        print(f"{shape.name}: baseline {base_us:,.2f} us, kept {kept} {kept_us:,.2f} us, floor {floor:,.2f} us",
+              flush=True)
+        results = [(kept_us, kept)]
+        for values in itertools.product(*grid.values()):
+            cfg = dict(zip(grid, values))
+            try:
+                us = time_us(lambda s, cfg=cfg: solution.skinny_gemm(s["x"], s["w"], cfg), sets, args.seconds)
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped
+                print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                continue
+            results.append((us, cfg))
+            print(f"  {cfg}: {us:,.2f} us", flush=True)
+        results.sort(key=lambda r: r[0])
+        us, cfg = results[0]
+        best[shape["M"]] = cfg
+        rows.append({"workload": shape.name, "baseline_us": base_us, "kept_us": kept_us, "best_us": us,
+                     "floor_us": floor, "config": cfg})
+        print(f"{shape.name}: best {cfg} {us:,.2f} us: {base_us / us:.3f}x the baseline, {us / floor:.2f}x the floor",
+              flush=True)
+        del sets
+        torch.cuda.empty_cache()
+    if args.write:
+        write_configs(path, best)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    print("\n| workload | baseline us | kept us | best us | floor us | best / baseline speedup | config |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['workload']} | {r['baseline_us']:,.2f} | {r['kept_us']:,.2f} | {r['best_us']:,.2f} | "
+              f"{r['floor_us']:,.2f} | {r['baseline_us'] / r['best_us']:.3f}x | {r['config']} |")
+
+
+if __name__ == "__main__":
+    main()

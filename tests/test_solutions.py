@@ -1,0 +1,73 @@
+"""The organizers' solutions (solutions/<problem>/submission.py, issue 18) evaluated as a competitor's
+submission is: through the evaluator, every shape and seed checked, no flags. On a CPU the smoke model
+through Triton's interpreter (correctness only); on the H200 the full model with the official timing,
+the speedup over the baseline recorded (printed), not asserted: the numbers go to docs/BENCHMARKS.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import result
+from pipeline.kernel.evaluate import Options, evaluate
+from pipeline.problems import load_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = sorted((ROOT / "solutions").glob("*/submission.py"))
+
+
+def test_every_solution_is_for_a_problem_and_has_its_readme():
+    assert SOLUTIONS, "no solutions/<problem>/submission.py"
+    for path in SOLUTIONS:
+        load_problem(path.parent.name)  # raises for a folder that names no problem
+        readme = path.parent / "README.md"
+        assert readme.is_file() and "**The idea.**" in readme.read_text(), f"{readme}: the idea in a paragraph"
+
+
+def _message(doc: dict) -> str:
+    return " | ".join(([doc["error"]["message"]] if doc.get("error") else []) +
+                      [f"{f['code']}: {f['message']}" for f in doc["flags"]])
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.parent.name for p in SOLUTIONS])
+def test_the_solution_passes_every_shape_without_a_flag_on_the_cpu(path):
+    doc = evaluate(path, load_problem(path.parent.name), Options(device="cpu", model="smoke", seeds=2, timing=False))
+    result.validate(doc)
+    assert doc["status"] == "passed", _message(doc)
+    assert doc["flags"] == [], _message(doc)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.parent.name for p in SOLUTIONS])
+def test_the_solution_on_the_full_model_with_the_official_timing(path):
+    problem = load_problem(path.parent.name)
+    doc = evaluate(path, problem, Options(device="cuda", seeds=problem.official_seeds, timing=True))
+    assert doc["status"] == "passed", _message(doc)
+    assert doc["flags"] == [], _message(doc)
+    for p in doc["performance"]:
+        print(f"{problem.name} {p['workload']}: {p['median_us']:.2f} us, baseline {p['baseline_median_us']:.2f} us, "
+              f"{p['baseline_median_us'] / p['median_us']:.3f}x")
+    print(f"{problem.name}: score {doc['score']['speedup']:.4f}")
+
+
+@pytest.mark.parametrize("split, bn, bk", [(2, 16, 64), (4, 32, 32), (1, 64, 128)])
+def test_the_projection_s_every_tiling_is_right(split, bn, bk, monkeypatch):
+    """Every tiling the search may choose for the projection (split-K with its fixed-order sum included),
+    in the interpreter against the float64 product."""
+    import importlib.util
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = importlib.util.spec_from_file_location("solution_proj", ROOT / "solutions/muse_bf16_proj/submission.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = torch.Generator().manual_seed(split)
+    for m in (1, 7, 33):
+        x = torch.randn(m, 256, generator=g).bfloat16()
+        w = (torch.randn(512, 256, generator=g) / 16).bfloat16()
+        got = mod.skinny_gemm(x, w, {"BN": bn, "BK": bk, "SPLIT": split, "num_warps": 4, "num_stages": 3})
+        want = x.double() @ w.double().T
+        assert got.dtype == torch.bfloat16 and got.shape == (m, 512)
+        assert torch.allclose(got.double(), want, atol=1e-2, rtol=1e-2), (m, (got.double() - want).abs().max())
