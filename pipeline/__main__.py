@@ -9,9 +9,11 @@ from pipeline import cli
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
-    for name, (register, run) in cli.VERBS.items():
+    only = argv[0] if argv and argv[0] in cli.NAMES else None  # a command imports its own stage alone
+    for name, (register, run) in cli.verbs(only).items():
         sub = verbs.add_parser(name, help=run.__doc__.strip().splitlines()[0], description=run.__doc__)
         register(sub)
         sub.set_defaults(_run=run)

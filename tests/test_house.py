@@ -1,11 +1,14 @@
 """The house's two rules about imports, read from the source with `ast` (nothing is imported):
 no module of the pipeline imports the CLI (`pipeline.cli`, which only gathers the stages' verbs, or
 `pipeline.__main__`), and the modules' module-level imports form no cycle (a function-level import,
-made when the function runs, may point anywhere)."""
+made when the function runs, may point anywhere). And the CLI's table of stages: each stage's own verbs,
+and a command imports its own stage alone (run as a process, to see what it imported)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,6 +137,27 @@ def test_every_verb_lives_in_a_stage_module_and_none_in_a_transport_named_one():
     homes = {run.__module__ for _, run in cli.VERBS.values()}
     assert not {h for h in homes if h.endswith("_cli") or h in CLI}, homes
     assert not list(PKG.glob("*_cli.py")), "a verb belongs to the stage whose decision it makes"
+
+
+def test_the_cli_s_table_of_stages_is_each_stage_s_own_verbs():
+    """cli.STAGES (what lets a command import its own stage alone) names exactly each stage's VERBS."""
+    import importlib
+
+    from pipeline import cli
+
+    for module, names in cli.STAGES.items():
+        assert tuple(sorted(importlib.import_module(module).VERBS)) == tuple(sorted(names)), module
+
+
+def test_a_command_imports_its_own_stage_and_not_the_others():
+    probe = ("import sys\nfrom pipeline import __main__ as m\ntry:\n    m.main([sys.argv[1], '--help'])\n"
+             "except SystemExit:\n    pass\nprint(' '.join(sorted(k for k in sys.modules if k.startswith('pipeline'))))\n")
+    for verb, home, stranger in (("prizes", "pipeline.board.cli", "pipeline.demo"),
+                                 ("keygen", "pipeline.signing", "pipeline.serving.cli")):
+        out = subprocess.run([sys.executable, "-c", probe, verb], capture_output=True, text=True, cwd=PKG.parent,
+                             timeout=120)
+        loaded = out.stdout.split()
+        assert home in loaded and stranger not in loaded, (verb, out.stderr[-1000:], loaded)
 
 
 @pytest.mark.parametrize("source,offence", [
