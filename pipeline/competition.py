@@ -8,8 +8,9 @@ Also the one way instants are written everywhere downstream (`format_instant`): 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,9 @@ TRACKS = ("kernel", "serving")
 DAILY_RULES = ("top_at_close", "most_hours_on_top")
 HOUR = dt.timedelta(hours=1)
 UTC = dt.timezone.utc
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class CompetitionError(ValueError):
@@ -104,6 +108,10 @@ class Competition:
     rate_limit_per_hour: int
     snapshot_top: int
     source: str = "competition.toml"
+    # problem -> the sha256 of the baseline its official results are measured against
+    # (problems.baseline_identity): the competition's unit of measure, fixed on day 0 (`python -m pipeline
+    # problems --pin-baselines`); an official evaluation against any other baseline is refused
+    baselines: dict[str, str] = field(default_factory=dict)
 
     def windows(self, track: str) -> list[DailyWindow]:
         """The daily windows of a track: every `daily_hours` from its start; the last closes at its end."""
@@ -221,6 +229,10 @@ def parse(data: dict[str, Any], source: str = "competition.toml") -> Competition
     repository = data.get("repository", "")
     if not isinstance(repository, str) or repository.count("/") != 1:
         raise CompetitionError(f"{source}: `repository` must be owner/name on GitHub (got {repository!r})")
+    pins = data.get("baselines", {})
+    if not isinstance(pins, dict) or not all(isinstance(v, str) and _SHA256.fullmatch(v) for v in pins.values()):
+        raise CompetitionError(f"{source}: [baselines] maps each problem to its baseline's sha256 (64 lowercase hex "
+                               "digits); `python -m pipeline problems --pin-baselines` writes the table")
     return Competition(
         name=str(data.get("name", "Competition")),
         repository=repository,
@@ -232,6 +244,7 @@ def parse(data: dict[str, Any], source: str = "competition.toml") -> Competition
         rate_limit_per_hour=limit,
         snapshot_top=top,
         source=source,
+        baselines=dict(pins),
     )
 
 

@@ -225,21 +225,71 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def _problems_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable")
+    p.add_argument("--competition", type=Path, metavar="TOML", help="default: the repository's competition.toml")
+    p.add_argument("--pin-baselines", action="store_true",
+                   help="write every problem's baseline sha256 into the competition's [baselines] table (an organizer, "
+                        "on day 0 or when a baseline is deliberately changed): official evaluations are refused "
+                        "against any other baseline")
+
+
+PIN_BEGIN = "# --- the pinned baselines: `python -m pipeline problems --pin-baselines` rewrites this block ---"
+PIN_END = "# --- end of the pinned baselines ---"
+
+
+def pin_block(identities: dict[str, dict]) -> str:
+    lines = [PIN_BEGIN,
+             "# Each problem's official results are measured against this baseline (the sha256 over its files,",
+             "# pipeline/problems.py:baseline_identity): the competition's unit of measure. `evaluate --official`",
+             "# refuses any other, and `ledger append` refuses a result measured against any other.",
+             "[baselines]"]
+    lines += [f'{name} = "{ident["sha256"]}"  # {", ".join(ident["files"])}' for name, ident in sorted(identities.items())]
+    return "\n".join(lines + [PIN_END]) + "\n"
+
+
+def write_pins(path: Path, identities: dict[str, dict]) -> None:
+    """Replace the pinned block of `path` (or append one): the rest of the file, comments included, kept."""
+    text = path.read_text()
+    block = pin_block(identities)
+    if PIN_BEGIN in text and PIN_END in text:
+        head, rest = text.split(PIN_BEGIN, 1)
+        text = head + block + rest.split(PIN_END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
 
 
 def problems(args: argparse.Namespace) -> int:
-    """List the kernel problems and their workloads."""
-    from pipeline.problems import list_problems, load_problem
+    """List the kernel problems, their workloads and their baselines (pinned or not); --pin-baselines pins them."""
+    from pipeline import competition
+    from pipeline.problems import baseline_identity, list_problems, load_problem
 
-    out = {}
+    path = args.competition or competition.REPO_ROOT / "competition.toml"
+    try:
+        pins = competition.load(path).baselines
+    except competition.CompetitionError as exc:
+        return _usage(str(exc))
+    out, identities = {}, {}
     for name in list_problems():
         p = load_problem(name)
-        out[name] = {"title": p.title, "workloads": [w["name"] for w in p.workloads], "tests": [t["name"] for t in p.tests]}
+        identities[name] = ident = baseline_identity(p)
+        pinned = pins.get(name)
+        out[name] = {"title": p.title, "workloads": [w["name"] for w in p.workloads], "tests": [t["name"] for t in p.tests],
+                     "baseline": {"name": ident["name"], "sha256": ident["sha256"], "pinned": pinned,
+                                  "matches_pin": pinned == ident["sha256"]}}
+    if args.pin_baselines:
+        write_pins(path, identities)
+        print(f"pinned {len(identities)} baselines in {path}", file=sys.stderr)
+        for info in out.values():
+            info["baseline"].update(pinned=info["baseline"]["sha256"], matches_pin=True)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         for name, info in out.items():
-            print(f"{name}: {info['title']}\n  workloads: {', '.join(info['workloads'])}\n  tests: {', '.join(info['tests'])}")
+            b = info["baseline"]
+            state = ("pinned" if b["matches_pin"] else f"NOT the pinned {b['pinned'][:12]}..." if b["pinned"]
+                     else "not pinned")
+            print(f"{name}: {info['title']}\n  workloads: {', '.join(info['workloads'])}\n  tests: {', '.join(info['tests'])}"
+                  f"\n  baseline: {b['name']} sha256 {b['sha256'][:12]}... ({state})")
     return 0
 
 

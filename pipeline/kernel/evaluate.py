@@ -81,6 +81,7 @@ class Options:
     official: bool = False  # refuse to run unless the result can be official (GPU, full model, secret seeds, isolation)
     grant_read: list[Path] = field(default_factory=list)  # more paths the submission may read (benchmarks only)
     baseline: str = "ours"  # or "sglang": SGLang's own kernels, where the pinned SGLang is installed
+    competition: Path | None = None  # whose [baselines] pins an official evaluation's baseline; None: the repository's
     # The timing method's knobs; None takes the device's default (GPU: docs/TIMING.md; CPU: short, unofficial).
     max_timing_seconds: float | None = None  # per workload; GPU 10 s
     # Replays discarded first: an H200 that was idle runs memory-bound kernels up to 4% faster for
@@ -454,6 +455,29 @@ def _sglang_adapters():
     return load_reference(SGLANG_ADAPTERS, "_sglang_adapters", required=())
 
 
+def pin_problem(opts: Options, problem: Problem, identity: dict[str, Any]) -> str | None:
+    """Why this baseline is not the one the competition pinned for the problem (competition.toml
+    [baselines]), or None. Official results are ranked against each other, so they must share one unit of
+    measure: a runner whose reference/ (or its tuned configurations) differ from day 0's, or a baseline
+    changed without the organizers re-pinning it, would make every speedup after it incomparable."""
+    from pipeline import competition
+
+    try:
+        comp = competition.load(opts.competition)
+    except competition.CompetitionError as exc:
+        return f"cannot read the pinned baselines: {exc}"
+    pinned = comp.baselines.get(problem.name)
+    if pinned is None:
+        return (f"{comp.source} pins no baseline for {problem.name}: an organizer pins them on day 0 with "
+                "`python -m pipeline problems --pin-baselines` (docs/RUNBOOK.md)")
+    if identity["sha256"] != pinned:
+        return (f"the baseline here ({identity['name']}, sha256 {identity['sha256'][:16]}..., over "
+                f"{', '.join(identity.get('files', []))}) is not the one {comp.source} pins for {problem.name} "
+                f"({pinned[:16]}...): this runner's checkout differs from the competition's, or the baseline was "
+                "changed without re-pinning it (docs/RUNBOOK.md)")
+    return None
+
+
 def baseline_problem(opts: Options, problem: Problem) -> str | None:
     """Why the chosen baseline cannot be used here, or None."""
     if opts.baseline == "ours":
@@ -531,6 +555,10 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
     if why:
         raise ValueError(why)
     baseline_load, doc["baseline"], doc["baseline_source"] = _baseline_target(opts, problem)
+    if opts.official:
+        why = pin_problem(opts, problem, doc["baseline_source"])
+        if why:  # the runner's fault, not the submission's: no result (the CLI exits 3)
+            raise BaselineFailure(f"refusing an official evaluation: {why}")
     from pipeline.kernel.static import scan
 
     doc["flags"].extend(f.as_dict() for f in scan(data))
