@@ -5,7 +5,9 @@ spaces, UTF-8 (record_version 2; orjson both writes and reads the ledger, so a l
 the record that was written). A record of version 1 keeps the form it was written in (the standard
 library's json.dumps, ASCII), so that its sha256 and the chain over it still hold. Kinds of record:
 - `result`: one accepted (merged) evaluation, what the board needs of its result document (never the
-  raw samples), with `accepted_at` = the PR's merged_at (GitHub's server time);
+  raw samples), with `accepted_at` = the PR's merged_at (GitHub's server time); a result of the
+  organizers' own solution carries `"entrant": "organizers"` (ENTRANT_KEY, see `result_record`), which
+  no other record has;
 - `disqualification` / `clearance`: marks an earlier result (by PR and head SHA). The result itself is
   never edited; the latest marking of a result (by `at`) decides its state: disqualified, or credited
   (a clearance credits a result held for review, or withdraws a disqualification).
@@ -76,6 +78,8 @@ MAX_PR = 2**31 - 1  # GitHub's pull request numbers are GraphQL Ints (32 bits)
 MAX_SAFE_INT = 2**53 - 1
 MAX_RECORD_BYTES = 64 * 1024  # a record is a summary: its result's samples stay in the evidence
 MAX_SHARD_BYTES = 95 * 1024 * 1024  # GitHub refuses a push of a file over 100 MB
+# The organizers' own solutions (issue 18): shown on each kernel board beside the baseline, never ranked
+ENTRANT_KEY, ORGANIZERS = "entrant", "organizers"
 FLAG_CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # tests only: the name of a point at which `append` kills its own process with SIGKILL (tests/exploits)
 CRASH_ENV = "PIPELINE_TEST_KILL_APPEND_AT"
@@ -150,6 +154,7 @@ _RESULT_KEYS = frozenset(("kind", "record_version", "seq", "prev", "sha256", "ac
                           "login", "pr", "head_sha", "blob_sha", "path", "status", "official", "mode", "score",
                           "workloads", "flags", "environment", "result_sha256", "result_schema_version",
                           "signature", "evaluated_at"))
+_OPTIONAL_RESULT_KEYS = frozenset((ENTRANT_KEY,))  # present only on the organizers' results
 _MARKING_KEYS = frozenset(("kind", "record_version", "seq", "prev", "sha256", "at", "target", "track", "problem",
                            "login", "reason", "by"))
 
@@ -231,8 +236,9 @@ def record_problem(record: dict[str, Any]) -> str | None:
     keys = _RESULT_KEYS if kind == "result" else _MARKING_KEYS if kind in MARKINGS else None
     if keys is None:
         return f"unknown kind {str(kind)[:40]!r}"
-    if set(record) != keys:
-        missing, extra = sorted(keys - set(record)), sorted(str(k)[:40] for k in set(record) - keys)
+    given = set(record) - _OPTIONAL_RESULT_KEYS if kind == "result" else set(record)
+    if given != keys:
+        missing, extra = sorted(keys - given), sorted(str(k)[:40] for k in given - keys)
         return "keys " + ", ".join(filter(None, [f"missing {missing}" if missing else "",
                                                   f"unexpected {extra[:10]}" if extra else ""]))
     checks: list[tuple[str, bool]] = [
@@ -265,6 +271,8 @@ def record_problem(record: dict[str, Any]) -> str | None:
             ("result_schema_version", _int(record["result_schema_version"], 1, 1000)),
             ("signature", _signature_ok(record["signature"])),
             ("evaluated_at", parse_instant(record["evaluated_at"]) is not None),
+            (ENTRANT_KEY, ENTRANT_KEY not in record  # the organizers' row is a kernel board's
+             or (record[ENTRANT_KEY] == ORGANIZERS and record["track"] == "kernel")),
         ]
     else:
         target = record["target"]
@@ -302,6 +310,18 @@ def check_signature(doc: dict[str, Any], *, allow_unofficial: bool = False, keyr
                             "runner signed, unchanged.") from None
 
 
+def organizers_path(path: str) -> bool:
+    """A submission path of the organizers' own solutions: solutions/<problem>/<file>, as given to
+    `evaluate` (relative or absolute), never under a competitor's submissions/ (whose deepest folder may
+    be a login such as `solutions`)."""
+    p = path.replace("\\", "/")
+    return _SOLUTION_RE.fullmatch(p) is not None and _SUBMISSIONS_RE.search(p) is None
+
+
+_SOLUTION_RE = re.compile(r"(?:.*/)?solutions/[^/]+/[^/]+")
+_SUBMISSIONS_RE = re.compile(r"(?:^|/)submissions/")
+
+
 def result_record(
     doc: dict[str, Any],
     raw: bytes,
@@ -315,6 +335,7 @@ def result_record(
     source: str = "the result",
     keyring: Any = None,
     signature_checked: bool = False,
+    organizers: bool = False,
 ) -> dict[str, Any]:
     """A result document (and the bytes it was read from) -> the body of a `result` record.
 
@@ -323,6 +344,17 @@ def result_record(
     `signature_checked`: the caller already validated the document and checked its signature (verify,
     which also accepts retired and revoked keys). Raises LedgerRefusal for anything that may not be
     recorded.
+
+    `organizers`: the result is the organizers' own solution (`ledger append --organizers`, by hand): the
+    record carries `"entrant": "organizers"`, and the boards show it as the organizers' row beside the
+    baseline, never ranked and never holding a board or a prize (pipeline/board/). A field rather than a
+    reserved login: the record keeps the real PR and author (audited like any other), no competitor's
+    GitHub login is taken from them, and no path a PR can name produces it, since a competitor's identity
+    is the login of their folder (pipeline/validate.py) and publish's appends, made from merged PRs, never
+    pass the flag. Only a kernel result evaluated from solutions/ can be the organizers' (never one from
+    a competitor's folder, which would take that competitor's result off the ranking), and a result from
+    solutions/ only with the flag, so `verify` (which rebuilds the record from its signed result) also
+    fails a re-sealed record that gained or lost the mark. Records without it are written as before.
     """
     from pipeline.result import ResultError, validate
 
@@ -383,8 +415,21 @@ def result_record(
             raise LedgerRefusal(f"{source} measured {', '.join(figures)}, but the serving board ranks "
                                 f"{', '.join(expected)}: a partial run (--levels) cannot be ranked; evaluate every "
                                 "level")
+    ours = organizers_path(sub["path"])
+    if ours and not organizers:
+        raise LedgerRefusal(f"{source} was evaluated from the organizers' solutions/ ({sub['path']}): record it "
+                            "with --organizers, as the organizers' row, never as a competitor's result")
+    if organizers:
+        if doc["track"] != "kernel":
+            raise LedgerRefusal(f"{source} is a {doc['track']} result: the organizers' row is shown on the kernel "
+                                "boards only; record the organizers' kernel solutions with --organizers")
+        if not ours:
+            raise LedgerRefusal(f"{source} was evaluated from {sub['path']}, not from the organizers' solutions/: "
+                                "recording a competitor's result as the organizers' would take it off the prize "
+                                "ranking; --organizers is for solutions/<problem>/submission.py alone")
     score = {k: doc["score"][k] for k in ("speedup", "time_us", "interval") if k in doc["score"]}
     env = doc["environment"]
+    marked = {ENTRANT_KEY: ORGANIZERS} if organizers else {}
     return {
         "kind": "result",
         "record_version": RECORD_VERSION,
@@ -407,6 +452,7 @@ def result_record(
         "result_schema_version": doc["schema_version"],
         "signature": doc["signature"],
         "evaluated_at": doc["finished_at"],
+        **marked,
     }
 
 
@@ -655,7 +701,7 @@ def verify_evidence(root: Path, records: list[dict[str, Any]], keyring: Any, *, 
         try:
             expected = result_record(doc, raw, pr=record["pr"], login=record["login"], head_sha=record["head_sha"],
                                      accepted_at=record["accepted_at"], allow_unofficial=True, source=rel,
-                                     signature_checked=True)
+                                     signature_checked=True, organizers=record.get(ENTRANT_KEY) == ORGANIZERS)
         except LedgerRefusal as exc:
             raise LedgerBroken(f"{place}: the record does not belong to its signed result: "
                                f"{str(exc).splitlines()[0]}") from None
@@ -990,6 +1036,9 @@ def _ledger_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--merged-at", required=True, metavar="ISO8601", help="the PR's merged_at from the GitHub API")
     a.add_argument("--allow-unofficial", action="store_true",
                    help="accept a CPU (unofficial) result: for tests and demos; the board marks it")
+    a.add_argument("--organizers", action="store_true",
+                   help="the organizers' own solution (solutions/<problem>/): shown on its kernel board beside the "
+                        "baseline as the organizers' row, never ranked, never eligible for prizes")
     _keyring(a)
     _common(a)
     v = sub.add_parser("verify", help="check every shard, the hash chain, and every result record against its "
@@ -1090,10 +1139,13 @@ def _append(args: argparse.Namespace) -> int:
                       "rather than editing its result (pass the result.json the runner uploaded, unchanged)")
     body = result_record(doc, raw, pr=args.pr, login=args.login, head_sha=args.head_sha, accepted_at=accepted_at,
                             allow_unofficial=args.allow_unofficial, source=str(args.result), keyring=keyring,
-                            workloads={k: list(v[1]) for k, v in problem_workloads().items()})
+                            workloads={k: list(v[1]) for k, v in problem_workloads().items()},
+                            organizers=args.organizers)
     record, path = append(args.root, body, evidence=raw)
+    row = ", the organizers' row (not ranked for prizes)" if args.organizers else ""
     print(f"appended PR #{record['pr']} (@{record['login']}, {record['track']}/{record['problem']}, "
-          f"{record['score']['speedup']:.3f}x{'' if record['official'] else ', unofficial'}) as record seq "
+          f"{record['score']['speedup']:.3f}x{'' if record['official'] else ', unofficial'}"
+          f"{row}) as record seq "
           f"{record['seq']} to {_rel(path, args.root)}")
     return OK
 

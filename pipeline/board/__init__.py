@@ -11,10 +11,13 @@ records arrived changes nothing.
 
 The rules, in the order they apply to a board (one per kernel problem, and the serving board):
 - A result's state: `disqualified` if its latest marking is a disqualification; else `under_review` if
-  its status is needs_review and no clearance credits it; else `out_of_window` if accepted outside its
-  track's window [start, end); else `ranked`. Markings apply retroactively: a disqualified result is
-  taken out of every standing, past hours included (the snapshots are refreshed), and a cleared one is
-  credited from its own accepted_at.
+  its status is needs_review and no clearance credits it; else `organizers` for the organizers' own
+  solution (a record with "entrant": "organizers", pipeline/ledger.py), whenever accepted; else
+  `out_of_window` if accepted outside its track's window [start, end); else `ranked`. Only `ranked`
+  results are ranked, hold a board, appear in a snapshot or win a prize: the organizers' best result is
+  shown on its kernel board beside the baseline, unranked, so a competitor below it still holds the
+  board. Markings apply retroactively: a disqualified result is taken out of every standing, past hours
+  included (the snapshots are refreshed), and a cleared one is credited from its own accepted_at.
 - A board at instant T ranks each competitor's best `ranked` result accepted at or before T: the
   highest score (a kernel board: the geometric mean of the workloads' speedups; the serving board: S,
   which its result restates as score.speedup), the earlier accepted on equal scores.

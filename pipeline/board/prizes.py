@@ -9,8 +9,9 @@ bytes however often, and whenever, it runs.
 Final placings: a track's boards as they stand at its close; the place is the row's position on the
 board (rank groups list the earlier accepted first, as the daily prize gives a tie to the earlier), so
 a tie shares the board's rank but each place, and its amount, goes to one competitor. Only ranked rows
-place: the baseline is no competitor, and results under review, disqualified or accepted outside the
-track's window are not ranked.
+place: the baseline is no competitor, nor are the organizers (their row, however fast, is never
+ranked: the fastest competitor below it holds the board and wins the window), and results under
+review, disqualified or accepted outside the track's window are not ranked.
 """
 
 from __future__ import annotations

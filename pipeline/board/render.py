@@ -1,6 +1,14 @@
 """leaderboard.md: the calendar, the current daily window, one table per board with its baseline row,
 the past daily winners and the rules, from the standings (pipeline/board/standings.py). Also the text
-helpers the snapshots and the prize table share with it."""
+helpers the snapshots and the prize table share with it.
+
+A kernel board with an organizers' result (issue 18) shows it as one more unranked row, like the
+baseline's: "organizers (not ranked for prizes)", the organizers' best result with its time, speedup,
+interval, per-workload speedups and PR, placed by its speedup among the competitors' rows (above the
+first rank group whose best is below it; a competitor with an equal score stays above it) and without a
+rank number, so the competitors' ranks are what they would be without it: the reference at 1.000x, the
+organizers' 1.384x and a leader's 1.612x read as on the original challenge's board. It never holds the
+board (the current window's holder is the first ranked row) and the snapshots and prizes never see it."""
 
 from __future__ import annotations
 
@@ -147,6 +155,9 @@ def _current_window(d: Derived, standings: dict[str, Standing]) -> list[str]:
     return out
 
 
+ORGANIZERS_ROW = "**organizers** (not ranked for prizes)"
+
+
 def _unranked(d: Derived, st: Standing, s: BoardSpec | None = None) -> list[str]:
     if not st.unranked:
         return []
@@ -157,7 +168,8 @@ def _unranked(d: Derived, st: Standing, s: BoardSpec | None = None) -> list[str]
     for e in st.unranked:
         why = _why(d, e) + ("" if e.official else "; unofficial (CPU)")
         figures = score(s, e.speedup) if serving else f"{_us(e.time_us)} | {_x(e.speedup)}"
-        out.append(f"| {_who(e.login)} | {figures} | {_pr(d.competition.repository, e.pr)} | {_t(e.at)} | {why} |")
+        who = f"organizers ({handle(e.login)})" if e.organizers else _who(e.login)
+        out.append(f"| {who} | {figures} | {_pr(d.competition.repository, e.pr)} | {_t(e.at)} | {why} |")
     return out + [""]
 
 
@@ -172,12 +184,20 @@ def _why(d: Derived, e: Entry) -> str:
     return "accepted before the track opened" if e.at < start else "accepted after the track closed"
 
 
-def _first_rank_below_baseline(st: Standing) -> int | None:
-    """The rank of the first group whose best score is below 1.000x: the baseline row goes above it."""
+def _interleave(st: Standing, lines: list[str], fixed: list[tuple[float, str]]) -> list[str]:
+    """The ranked rows' `lines` with the unranked `fixed` rows ((score, line): the baseline's at 1.0, the
+    organizers') each placed above the first rank group whose best score is below its own, in the order
+    given on equal scores."""
     best: dict[int, float] = {}
     for r, e in st.rows:
         best[r] = max(best.get(r, 0.0), e.speedup)
-    return next((r for r, v in best.items() if v < 1.0), None)
+    pending = sorted(fixed, key=lambda f: -f[0])
+    out = []
+    for (r, _), line in zip(st.rows, lines):
+        while pending and best[r] < pending[0][0]:
+            out.append(pending.pop(0)[1])
+        out.append(line)
+    return out + [line for _, line in pending]
 
 
 def _kernel_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[str]:
@@ -188,25 +208,28 @@ def _kernel_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[st
         ["PR", "accepted (UTC)", "notes"]
     align = ["---:", "---", "---:", "---:", "---"] + ["---:"] * len(s.workloads) + ["---", "---", "---"]
     out += ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
-    bases = sorted(e.baseline_us for _, e in st.rows if e.baseline_us)
+    ours = st.organizers
+    measured = [e for _, e in st.rows] + ([ours] if ours is not None else [])
+    bases = sorted(e.baseline_us for e in measured if e.baseline_us)
     base_us = bases[len(bases) // 2] if bases else None
     baseline = (f"| | baseline (`reference/{s.problem}.py:baseline`) | {_us(base_us)} | 1.000x | | "
                 + " | ".join("1.000x" for _ in s.workloads) + (" | " if s.workloads else "") + "| | |")
-    below = _first_rank_below_baseline(st)
-    for r, e in st.rows:
-        if r == below:
-            out.append(baseline)
+
+    def row(rank: str, who: str, e: Entry, speedup: str) -> str:
         per = [_x(e.workloads.get(w)) for w in s.workloads]
-        out.append("| " + " | ".join([str(r), _who(e.login), _us(e.time_us), f"**{_x(e.speedup)}**" if r == 1 else
-                                      _x(e.speedup), f"{e.lo:.3f}-{e.hi:.3f}", *per, _pr(repo, e.pr), _t(e.at),
-                                      _notes(e)]) + " |")
-    if below is None:
-        out.append(baseline)
+        return "| " + " | ".join([rank, who, _us(e.time_us), speedup, f"{e.lo:.3f}-{e.hi:.3f}", *per,
+                                  _pr(repo, e.pr), _t(e.at), _notes(e)]) + " |"
+
+    lines = [row(str(r), _who(e.login), e, f"**{_x(e.speedup)}**" if r == 1 else _x(e.speedup)) for r, e in st.rows]
+    fixed = [(ours.speedup, row("", ORGANIZERS_ROW, ours, _x(ours.speedup)))] if ours is not None else []
+    out += _interleave(st, lines, fixed + [(1.0, baseline)])
     out.append("")
     if not st.rows:
         out += ["No ranked results yet.", ""]
-    elif base_us is not None:
-        out += ["The baseline's time is the median of the baseline times measured in the ranked results' own runs.", ""]
+    if base_us is not None:
+        runs = "the ranked results' and the organizers' own runs" if ours is not None else \
+            "the ranked results' own runs"
+        out += [f"The baseline's time is the median of the baseline times measured in {runs}.", ""]
     out += _unranked(d, st)
     if plot:
         out += [f"![{s.problem}: the best score over time]({plot_path(s)})", ""]
@@ -226,16 +249,13 @@ def _serving_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[s
     out += ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     baseline = ("| | baseline (unpatched SGLang) | 1.000 | | " + " | ".join("1.000" for _ in s.workloads)
                 + (" | " if s.workloads else "") + "| | |")
-    below = _first_rank_below_baseline(st)
+    lines = []
     for r, e in st.rows:
-        if r == below:
-            out.append(baseline)
         ratios = e.workloads
         per = [score(s, ratios.get(f)) for f in s.workloads]
-        out.append("| " + " | ".join([str(r), _who(e.login), f"{e.speedup:.3f}",
-                                      f"{e.lo:.3f}-{e.hi:.3f}", *per, _pr(repo, e.pr), _t(e.at), _notes(e)]) + " |")
-    if below is None:
-        out.append(baseline)
+        lines.append("| " + " | ".join([str(r), _who(e.login), f"{e.speedup:.3f}",
+                                        f"{e.lo:.3f}-{e.hi:.3f}", *per, _pr(repo, e.pr), _t(e.at), _notes(e)]) + " |")
+    out += _interleave(st, lines, [(1.0, baseline)])
     out.append("")
     if not st.rows:
         out += ["No results yet.", ""]

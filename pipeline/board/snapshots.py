@@ -1,5 +1,6 @@
 """The hourly snapshots: results/snapshots/YYYY-MM-DD/HH.json (and .md), each board at HH:00 UTC
-from the results accepted by then, and the chain prefix that holds them."""
+from the results accepted by then, and the chain prefix that holds them. A board's holder and top rows
+are its ranked competitors' alone: the organizers' row (leaderboard.md's) is never in a snapshot."""
 
 from __future__ import annotations
 

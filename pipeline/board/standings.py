@@ -13,12 +13,15 @@ from operator import attrgetter
 from typing import Any, Iterable
 
 from pipeline.competition import Competition, format_instant
-from pipeline.ledger import Unparsed, latest_markings
+from pipeline.ledger import ENTRANT_KEY, ORGANIZERS, Unparsed, latest_markings
 
 # The serving board's columns: the ratio of each scored figure to the baseline's, as a serving result's
 # performance entries name them (pipeline/result.py's serving_document; c as in pipeline/serving/score.py).
 SERVING_FIGURES = tuple(f"{m}_{c}" for c in (1, 4, 16, 32) for m in ("T", "I"))
 STATES = ("ranked", "under_review", "disqualified", "out_of_window")
+# the state of the organizers' own results: shown beside the baseline, never ranked (not one of STATES,
+# which the snapshots count)
+ORGANIZERS_STATE = "organizers"
 _KEY = attrgetter("key")
 
 
@@ -46,7 +49,7 @@ class Entry:
     per-workload figures stay in the record's own list and are read only for the rows shown."""
 
     __slots__ = ("key", "at", "login", "who", "pr", "head_sha", "speedup", "time_us", "lo", "hi", "official",
-                 "status", "flags", "board", "_workloads", "state", "mark")
+                 "status", "flags", "board", "_workloads", "state", "mark", "organizers")
 
     def __init__(self, r: dict[str, Any]):
         # read once per record of the ledger (100,000 at competition scale): locals, no calls
@@ -69,6 +72,7 @@ class Entry:
         self.flags = r["flags"]
         self.board = f"kernel/{r['problem']}" if r["track"] == "kernel" else "serving"
         self._workloads = r["workloads"]
+        self.organizers = r.get(ENTRANT_KEY) == ORGANIZERS
         self.state = "ranked"
         self.mark = None  # the disqualification that took it off the board
 
@@ -120,6 +124,8 @@ def assign_states(results: list[Entry], marks: list[dict[str, Any]], competition
             e.state, e.mark = "disqualified", mark
         elif e.status == "needs_review" and mark is None:
             e.state = "under_review"
+        elif e.organizers:  # whenever it was accepted: the organizers' row is a bar, not an entry in a window
+            e.state = ORGANIZERS_STATE
         elif not start <= e.at < end:
             e.state = "out_of_window"
 
@@ -194,6 +200,7 @@ def best_per_competitor(items: Iterable[Entry]) -> list[Entry]:
 class Standing:
     rows: list[tuple[int, Entry]]
     unranked: list[Entry]  # disqualified and under review (all), out of window (each competitor's best)
+    organizers: Entry | None = None  # the organizers' best result: shown beside the baseline, never ranked
 
     @property
     def holder(self) -> Entry | None:
@@ -205,7 +212,8 @@ def standing(items: list[Entry]) -> Standing:
     ranked = rank(score_order(best_per_competitor(e for e in items if e.state == "ranked")))
     marked = [e for e in items if e.state in ("under_review", "disqualified")]
     late = best_per_competitor(e for e in items if e.state == "out_of_window")
-    return Standing(ranked, sorted(marked + late, key=_KEY))
+    ours = score_order(e for e in items if e.state == ORGANIZERS_STATE)  # one row, whichever organizer ran it
+    return Standing(ranked, sorted(marked + late, key=_KEY), ours[0] if ours else None)
 
 
 # ---- the hourly timeline ----
