@@ -1125,6 +1125,30 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
+def unpinned(doc: dict[str, Any], root: Path) -> str | None:
+    """Why an official kernel result may not be appended because it was measured against a baseline other
+    than the one the competition pins (competition.toml [baselines] at `root`), or None. Checked when a
+    result is appended, not by `verify`: a deliberate re-pin mid-competition must not turn the records
+    already made into errors (the organizers re-evaluate those; docs/RUNBOOK.md, day 0)."""
+    if doc.get("track") != "kernel" or not doc.get("official"):
+        return None
+    from pipeline import competition
+
+    path = root / "competition.toml"
+    try:
+        pins = competition.load(path if path.is_file() else None).baselines
+    except competition.CompetitionError as exc:
+        return f"cannot read the pinned baselines: {exc}"
+    problem, source = doc.get("problem"), doc.get("baseline_source") or {}
+    pinned = pins.get(problem)
+    if pinned is None or source.get("sha256") != pinned:
+        return (f"this result was measured against {doc.get('baseline')} (sha256 {str(source.get('sha256'))[:16]}...), "
+                f"but competition.toml pins {str(pinned)[:16] + '...' if pinned else 'no baseline'} for {problem}: "
+                "its speedups are in another unit than the board's. Re-evaluate it on a runner with the pinned "
+                "checkout (docs/RUNBOOK.md, day 0).")
+    return None
+
+
 def _append(args: argparse.Namespace) -> int:
     from pipeline.result import MAX_BYTES, ResultError, read_data
 
@@ -1141,6 +1165,9 @@ def _append(args: argparse.Namespace) -> int:
                             allow_unofficial=args.allow_unofficial, source=str(args.result), keyring=keyring,
                             workloads={k: list(v[1]) for k, v in problem_workloads().items()},
                             organizers=args.organizers)
+    why = unpinned(doc, Path(args.root))
+    if why:
+        return error(REFUSED, why)
     record, path = append(args.root, body, evidence=raw)
     row = ", the organizers' row (not ranked for prizes)" if args.organizers else ""
     print(f"appended PR #{record['pr']} (@{record['login']}, {record['track']}/{record['problem']}, "

@@ -87,3 +87,25 @@ def test_pinning_rewrites_its_block_and_keeps_the_rest(tmp_path):
     again = path.read_text()
     assert again.count("[baselines]") == 1 and competition.load(path).baselines == {"muse_bf16_proj": "2" * 64}
     assert again.split(PIN_BEGIN)[0] == once.split(PIN_BEGIN)[0]
+
+
+def test_ledger_append_refuses_an_official_result_measured_against_another_baseline(tmp_path, capsys):
+    """Defence in depth behind the evaluator's refusal: a signed official result whose baseline is not the
+    pinned one (a runner that ran an old checkout) is refused at the ledger, nothing appended; the same
+    result against the pinned baseline is recorded."""
+    from ledger_factory import raw, resign, result_doc, sha, write_competition
+
+    from pipeline.__main__ import main
+
+    write_competition(tmp_path)
+    args = ["--pr", "7", "--login", "alice", "--head-sha", sha("head-7"), "--merged-at", "2026-10-22T10:00:00Z",
+            "--root", str(tmp_path)]
+    good = result_doc(pr=7, login="alice")
+    other = resign({**good, "baseline_source": {**good["baseline_source"], "sha256": "f" * 64}})
+    (tmp_path / "other.json").write_bytes(raw(other))
+    assert main(["ledger", "append", str(tmp_path / "other.json"), *args]) != 0
+    err = capsys.readouterr().err
+    assert "sha256 ffffffffffffffff" in err and "competition.toml pins" in err, err
+    assert not (tmp_path / "results" / "ledger").exists() or not any((tmp_path / "results" / "ledger").iterdir())
+    (tmp_path / "good.json").write_bytes(raw(good))
+    assert main(["ledger", "append", str(tmp_path / "good.json"), *args]) == 0
