@@ -209,7 +209,9 @@ def _kernel_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[st
     align = ["---:", "---", "---:", "---:", "---"] + ["---:"] * len(s.workloads) + ["---", "---", "---"]
     out += ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     ours = st.organizers
-    measured = [e for _, e in st.rows] + ([ours] if ours is not None else [])
+    # the spec's baseline time: the median of the baseline medians the ranked results carry; the
+    # organizers' own runs only while no result is ranked (a board that would otherwise show "-")
+    measured = [e for _, e in st.rows] or ([ours] if ours is not None else [])
     bases = sorted(e.baseline_us for e in measured if e.baseline_us)
     base_us = bases[len(bases) // 2] if bases else None
     baseline = (f"| | baseline (`reference/{s.problem}.py:baseline`) | {_us(base_us)} | 1.000x | | "
@@ -227,8 +229,7 @@ def _kernel_board(d: Derived, s: BoardSpec, st: Standing, plot: bool) -> list[st
     if not st.rows:
         out += ["No ranked results yet.", ""]
     if base_us is not None:
-        runs = "the ranked results' and the organizers' own runs" if ours is not None else \
-            "the ranked results' own runs"
+        runs = "the ranked results' own runs" if st.rows else "the organizers' own runs (no result is ranked yet)"
         out += [f"The baseline's time is the median of the baseline times measured in {runs}.", ""]
     out += _unranked(d, st)
     if plot:
