@@ -1125,18 +1125,17 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def unpinned(doc: dict[str, Any], root: Path) -> str | None:
+def unpinned(doc: dict[str, Any], path: Path | None) -> str | None:
     """Why an official kernel result may not be appended because it was measured against a baseline other
-    than the one the competition pins (competition.toml [baselines] at `root`), or None. Checked when a
-    result is appended, not by `verify`: a deliberate re-pin mid-competition must not turn the records
-    already made into errors (the organizers re-evaluate those; docs/RUNBOOK.md, day 0)."""
+    than the one the competition pins (the [baselines] of `path`; None: the repository's competition.toml),
+    or None. Checked when a result is appended, not by `verify`: a deliberate re-pin mid-competition must
+    not turn the records already made into errors (the organizers re-evaluate those; RUNBOOK, day 0)."""
     if doc.get("track") != "kernel" or not doc.get("official"):
         return None
     from pipeline import competition
 
-    path = root / "competition.toml"
     try:
-        pins = competition.load(path if path.is_file() else None).baselines
+        pins = competition.load(path).baselines
     except competition.CompetitionError as exc:
         return f"cannot read the pinned baselines: {exc}"
     problem, source = doc.get("problem"), doc.get("baseline_source") or {}
@@ -1165,7 +1164,8 @@ def _append(args: argparse.Namespace) -> int:
                             allow_unofficial=args.allow_unofficial, source=str(args.result), keyring=keyring,
                             workloads={k: list(v[1]) for k, v in problem_workloads().items()},
                             organizers=args.organizers)
-    why = unpinned(doc, Path(args.root))
+    here = Path(args.root) / "competition.toml"
+    why = unpinned(doc, args.competition or (here if here.is_file() else None))
     if why:
         return error(REFUSED, why)
     record, path = append(args.root, body, evidence=raw)
