@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import competition as comp
-from pipeline.ledger import problem_workloads
+from pipeline.ledger import GENESIS, problem_workloads, seal
 from pipeline import signing
 from pipeline.result import validate
 
@@ -166,6 +166,15 @@ def _serving_doc(*, speedup: float, rel: float, login: str, pr: int, head_sha: s
 def resign(doc: dict[str, Any], key: signing.SigningKey = TEST_KEY) -> dict[str, Any]:
     """A result changed by a test, signed again as if the runner had produced it that way."""
     return signing.sign(doc, key)
+
+
+def chain(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Seal record bodies into a chain in this (arrival) order, as `ledger append` would."""
+    out, prev = [], GENESIS
+    for i, b in enumerate(bodies):
+        out.append(seal(b, i, prev))
+        prev = out[-1]["sha256"]
+    return out
 
 
 def raw(doc: dict[str, Any]) -> bytes:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ledger_factory import PROBLEMS, competition, raw, result_doc, sha, write_competition
+from ledger_factory import PROBLEMS, chain, competition, raw, result_doc, sha, write_competition
 from pipeline import competition as comp, ledger as lg
 from pipeline.board import plots, prizes as pz, render, snapshots as sn, standings
 from pipeline.__main__ import main
@@ -52,15 +52,6 @@ def put(root: Path, body) -> dict:
 def disqualify(records: list[dict], pr: int, when: str, kind: str = "disqualification") -> dict:
     return lg.marking_record(records, kind, pr=pr, head_sha=None, reason="read the reference", by="organizer",
                              at=when)
-
-
-def chain(bodies: list[dict]) -> list[dict]:
-    """Seal bodies in this (arrival) order."""
-    out, prev = [], lg.GENESIS
-    for i, b in enumerate(bodies):
-        out.append(lg.seal(b, i, prev))
-        prev = out[-1]["sha256"]
-    return out
 
 
 def derive(records: list[dict], now: str, c: comp.Competition | None = None) -> standings.Derived:

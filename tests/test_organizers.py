@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger_factory import PROBLEMS, competition, raw, resign, result_doc, sha
+from ledger_factory import PROBLEMS, chain, competition, raw, resign, result_doc, sha
 from pipeline import competition as comp, ledger as lg
 from pipeline.__main__ import main
 from pipeline.board import prizes as pz, render, snapshots as sn, standings
@@ -45,14 +45,6 @@ def competitor(pr: int, login: str, speedup: float, when: str) -> dict:
 
 def ours(pr: int, speedup: float, when: str, login: str = "organizer") -> dict:
     return body(solution_doc(pr=pr, login=login, speedup=speedup), pr=pr, login=login, when=when, organizers=True)
-
-
-def chain(bodies: list[dict]) -> list[dict]:
-    out, prev = [], lg.GENESIS
-    for i, b in enumerate(bodies):
-        out.append(lg.seal(b, i, prev))
-        prev = out[-1]["sha256"]
-    return out
 
 
 def derive(records: list[dict], now: str) -> standings.Derived:
