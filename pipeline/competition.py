@@ -113,6 +113,18 @@ class Competition:
     # problems --pin-baselines`); an official evaluation against any other baseline is refused
     baselines: dict[str, str] = field(default_factory=dict)
 
+    def pin_problem(self, problem: str, identity: dict[str, Any]) -> str | None:
+        """Why a baseline (`identity`: problems.baseline_identity's name and sha256, or a result's
+        baseline_source) is not the one pinned for `problem` in [baselines], or None."""
+        pinned = self.baselines.get(problem)
+        if pinned is None:
+            return (f"{self.source} pins no baseline for {problem}: an organizer pins them with `python -m pipeline "
+                    "problems --pin-baselines` (docs/RUNBOOK.md, day 0)")
+        if identity.get("sha256") != pinned:
+            return (f"the baseline measured ({identity.get('name')}, sha256 {str(identity.get('sha256'))[:16]}...) is "
+                    f"not the one {self.source} pins for {problem} ({pinned[:16]}...)")
+        return None
+
     def windows(self, track: str) -> list[DailyWindow]:
         """The daily windows of a track: every `daily_hours` from its start; the last closes at its end."""
         t = self.tracks[track]

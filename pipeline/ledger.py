@@ -1135,17 +1135,11 @@ def unpinned(doc: dict[str, Any], path: Path | None) -> str | None:
     from pipeline import competition
 
     try:
-        pins = competition.load(path).baselines
+        why = competition.load(path).pin_problem(doc.get("problem"), doc.get("baseline_source") or {})
     except competition.CompetitionError as exc:
         return f"cannot read the pinned baselines: {exc}"
-    problem, source = doc.get("problem"), doc.get("baseline_source") or {}
-    pinned = pins.get(problem)
-    if pinned is None or source.get("sha256") != pinned:
-        return (f"this result was measured against {doc.get('baseline')} (sha256 {str(source.get('sha256'))[:16]}...), "
-                f"but competition.toml pins {str(pinned)[:16] + '...' if pinned else 'no baseline'} for {problem}: "
-                "its speedups are in another unit than the board's. Re-evaluate it on a runner with the pinned "
-                "checkout (docs/RUNBOOK.md, day 0).")
-    return None
+    return why and (f"{why}: this result's speedups are in another unit than the board's. Re-evaluate it on a "
+                    "runner with the pinned checkout (docs/RUNBOOK.md, day 0).")
 
 
 def _append(args: argparse.Namespace) -> int:

@@ -463,19 +463,11 @@ def pin_problem(opts: Options, problem: Problem, identity: dict[str, Any]) -> st
     from pipeline import competition
 
     try:
-        comp = competition.load(opts.competition)
+        why = competition.load(opts.competition).pin_problem(problem.name, identity)
     except competition.CompetitionError as exc:
         return f"cannot read the pinned baselines: {exc}"
-    pinned = comp.baselines.get(problem.name)
-    if pinned is None:
-        return (f"{comp.source} pins no baseline for {problem.name}: an organizer pins them on day 0 with "
-                "`python -m pipeline problems --pin-baselines` (docs/RUNBOOK.md)")
-    if identity["sha256"] != pinned:
-        return (f"the baseline here ({identity['name']}, sha256 {identity['sha256'][:16]}..., over "
-                f"{', '.join(identity.get('files', []))}) is not the one {comp.source} pins for {problem.name} "
-                f"({pinned[:16]}...): this runner's checkout differs from the competition's, or the baseline was "
-                "changed without re-pinning it (docs/RUNBOOK.md)")
-    return None
+    return why and (f"{why}: this runner's checkout ({', '.join(identity.get('files', []))}) differs from the "
+                    "competition's, or the baseline was changed without re-pinning it")
 
 
 def baseline_problem(opts: Options, problem: Problem) -> str | None:
