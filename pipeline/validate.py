@@ -50,6 +50,8 @@ PROTECTED = {
     "competition.toml": "the competition's calendar and rules",
     "tests": "the harness's tests",
     "docs": "the documentation",
+    # a result evaluated from solutions/ is the only kind `ledger append --organizers` records
+    "solutions": "the organizers' own solutions",
 }
 REGULAR = "100644"
 MODES = {"100755": "an executable file", "120000": "a symbolic link", "160000": "a submodule", "040000": "a directory"}

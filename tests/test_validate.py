@@ -163,6 +163,16 @@ def _one(path: str, **kw) -> v.Change:
     return v.Change(path, kw.pop("status", "added"), new_mode=kw.pop("new_mode", v.REGULAR), **kw)
 
 
+def test_a_competitor_cannot_put_a_kernel_where_the_organizers_row_comes_from():
+    """solutions/ is the organizers' (only a result evaluated from there may carry the organizers' mark):
+    a pull request that adds or changes a file there is refused, naming whose folder it is."""
+    for status in ("added", "modified"):
+        verdict = v.check([_one("solutions/muse_bf16_proj/submission.py", status=status, size=10)], "bob",
+                          problems=PROBLEMS)
+        assert [x.rule for x in verdict.violations] == ["protected-path"], verdict.violations
+        assert "the organizers' own solutions" in verdict.violations[0].message
+
+
 @pytest.mark.parametrize("size,ok", [(256 * 1024, True), (256 * 1024 + 1, False)])
 def test_the_kernel_file_limit_is_256_kib(size, ok):
     c = _one("submissions/kernel/muse_bf16_proj/bob/submission.py", size=size)
