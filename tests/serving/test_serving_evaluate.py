@@ -88,22 +88,30 @@ def _score(doc):
 # ---- the score's direction ----
 
 def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_path):
-    records = tmp_path / "records"
-    # windows a little longer than the other tests': this one's claim is about noise
-    rc, doc, err = evaluate(inputs, tmp_path, write_patch(scratch, tmp_path), "--records", str(records),
-                            "--window-s", "0.7")
-    assert rc == 0, err[-3000:]
-    kept = sorted(p.name for p in records.iterdir())
-    assert "block1-baseline-c1-run1.json.gz" in kept and "block3-candidate-gsm8k.json.gz" in kept
-    assert "block4-baseline-server.log" in kept and len(kept) == 4 * 2 + 2 + 4
-    s = _score(doc)
-    assert doc["status"] == "passed" and s["G"] == 1 and doc["serving"]["gate"]["reasons"] == []
     # The scripted server's figures are counted in whole turns of a 0.7 s window (tens to ~140 turns a
     # level: one turn is 0.7-3% of a figure), so the two baseline blocks can agree to the turn by chance
     # and make eps (twice their spread) near 0 while a candidate block is a turn off (one CI run on two
-    # busy cores: S 0.9978 against eps 0.0015). The claim held: a no-op patch scores 1 within the larger
-    # of eps and that 1% grain; the slowed-side tests below show S leaving 1 by far more.
-    allowed = max(s["eps"], 0.01)
+    # busy cores: S 0.9978 against eps 0.0015); and a block that another job on the two shared cores
+    # slows scores a few percent off (one CI run: S 0.940 against eps 0.017). The claim held: a no-op
+    # patch scores 1 within the larger of eps and that 1% grain, and an evaluation outside it is run once
+    # more, as tests/shared_cores.py retries the CPU timings' noise (a real bias repeats and still fails);
+    # the slowed-side tests below show S leaving 1 by far more.
+    patch = write_patch(scratch, tmp_path)
+    for attempt in range(2):
+        (tmp_path / f"try{attempt}").mkdir()
+        records = tmp_path / f"records{attempt}"
+        # windows a little longer than the other tests': this one's claim is about noise
+        rc, doc, err = evaluate(inputs, tmp_path / f"try{attempt}", patch, "--records", str(records),
+                                "--window-s", "0.7")
+        assert rc == 0, err[-3000:]
+        s = _score(doc)
+        allowed = max(s["eps"], 0.01)
+        if 1 - allowed <= s["S"] <= 1 + allowed:
+            break
+    kept = sorted(p.name for p in records.iterdir())
+    assert "block1-baseline-c1-run1.json.gz" in kept and "block3-candidate-gsm8k.json.gz" in kept
+    assert "block4-baseline-server.log" in kept and len(kept) == 4 * 2 + 2 + 4
+    assert doc["status"] == "passed" and s["G"] == 1 and doc["serving"]["gate"]["reasons"] == []
     assert 1 - allowed <= s["S"] <= 1 + allowed, (s, [line for line in err.splitlines() if "T_c" in line])
     assert doc["serving"]["order"] == ["baseline", "candidate", "candidate", "baseline"]
     levels = doc["serving"]["levels"]
