@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
-# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -98,6 +98,8 @@ for what in "$@"; do
     # ran past 240 s in the third session).
     templates) step templates 560 python3 benchmarks/official_eval.py --problem muse_decode_layer \
                  --problem muse_moe_w4a16 --problem muse_prefill_layer --timeout 270 --json "$OUT/templates.json" ;;
+    templates-decode) step templates-decode 250 python3 benchmarks/official_eval.py --problem muse_decode_layer \
+                        --timeout 240 --json "$OUT/templates-decode.json" ;;
     rope) step rope 120 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py -k "rope" ;;
     # Issue 12: the layers' fused small ops (reference/_layer_ops.py) and the fused MoE's alignment on this GPU.
     fused-ops) step fused-ops-tests 150 python3 -m pytest -q -p no:cacheprovider -rA tests/test_reference_layers.py \

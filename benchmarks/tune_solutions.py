@@ -29,8 +29,8 @@ from pipeline.problems import load_problem  # noqa: E402
 from tune_fused_moe import time_us  # noqa: E402
 
 GRIDS = {
-    "muse_bf16_proj": {"BN": [16, 32, 64], "BK": [128, 256], "SPLIT": [1, 2], "num_warps": [4],
-                       "num_stages": [3, 4, 6]},
+    "muse_bf16_proj": {"BN": [32, 64, 128], "BK": [128, 256], "SPLIT": [1, 2, 4], "num_warps": [4],
+                       "num_stages": [4, 6]},
 }
 
 

@@ -4,10 +4,13 @@ out [M, N] = x [M, K] @ w [N, K]^T with M <= 64, N = 7,168, K = 5,120: the 73 MB
 (x is 10-320 KB), so the kernel's one job is to stream w at the memory's rate. cuBLAS picks tiles made
 for larger M (22.7 / 20.4 / 20.7 us at M1 / M16 / M32 on the H200 against a 15.3 us floor). Here each
 program owns BN rows of w (the output's columns) and walks K in BK steps with num_stages loads in flight,
-all M rows of x in one BM = 16/32/64 tile (x is re-read by every program but lives in L2); SPLIT > 1
-shares K between programs for more of them in flight (fp32 parts added in a fixed order by a second
-kernel: deterministic, no atomics). The configurations per M are data (CONFIGS) and are tuned on the
-H200 under the evaluator's own timing (benchmarks/tune_solutions.py).
+all M rows of x in one BM = 16/32/64 tile (x is re-read by every program but lives in L2). N / BN = 112
+programs leave 20 of the 132 SMs idle, so SPLIT > 1 shares K between programs: each writes its fp32 part,
+takes a ticket from its tile's counter, and the last to arrive adds the parts in split order (fixed, so
+the sum is deterministic) and stores the tile, resetting the counter for the next call: no second kernel
+(a second launch cost more than the split gained: 27.8 against 22.1 us at M32). The configurations per M
+are data (CONFIGS) and are tuned on the H200 under the evaluator's own timing
+(benchmarks/tune_solutions.py).
 
 On a CPU (Triton's interpreter, where a bf16 tl.dot is wrong) the dot runs in float32."""
 
@@ -17,14 +20,14 @@ import triton.language as tl
 
 # M (the nearest tuned) -> tile sizes; BM covers M (the dot needs 16 rows at least).
 CONFIGS = {
-    1: {"BN": 16, "BK": 256, "SPLIT": 1, "num_warps": 4, "num_stages": 4},
-    16: {"BN": 32, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 4},
-    32: {"BN": 32, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 4},
+    1: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 6},
+    16: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 6},
+    32: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 6},
 }
 
 
 @triton.jit
-def _skinny(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split,
+def _skinny(x_ptr, w_ptr, out_ptr, part_ptr, ticket_ptr, M, N, K, k_per_split,
             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
     pid_n = tl.program_id(0)
     sp = tl.program_id(1)
@@ -43,20 +46,29 @@ def _skinny(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split,
         else:
             acc = tl.dot(a, tl.trans(b), acc)
     keep = m_ok[:, None] & n_ok[None, :]
+    at = rm[:, None] * N + rn[None, :]
     if SPLIT == 1:
-        tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16), mask=keep)
+        tl.store(out_ptr + at, acc.to(tl.bfloat16), mask=keep)
     else:
-        tl.store(out_ptr + sp.to(tl.int64) * M * N + rm[:, None] * N + rn[None, :], acc, mask=keep)
+        tl.store(part_ptr + sp.to(tl.int64) * M * N + at, acc, mask=keep)
+        tl.debug_barrier()  # every thread's part is written before the ticket is taken (release)
+        if tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:  # the last of the tile's parts
+            total = tl.zeros((BM, BN), dtype=tl.float32)
+            for i in tl.static_range(SPLIT):  # split order, whoever arrived last: deterministic
+                total += tl.load(part_ptr + i * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + at, total.to(tl.bfloat16), mask=keep)
+            tl.atomic_xchg(ticket_ptr + pid_n, 0)  # ready for the next call (and the next graph replay)
 
 
-@triton.jit
-def _sum_splits(part_ptr, out_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = at < MN
-    acc = tl.zeros([BLOCK], tl.float32)
-    for sp in tl.static_range(SPLIT):
-        acc += tl.load(part_ptr + sp * MN + at, mask=ok, other=0.0)
-    tl.store(out_ptr + at, acc.to(tl.bfloat16), mask=ok)
+_TICKETS: dict = {}
+
+
+def _tickets(n_tiles: int, device: torch.device) -> torch.Tensor:
+    """One zeroed int32 counter per output tile, kept between calls (each call leaves them at zero)."""
+    key = (device, n_tiles)
+    if key not in _TICKETS:
+        _TICKETS[key] = torch.zeros(n_tiles, dtype=torch.int32, device=device)
+    return _TICKETS[key]
 
 
 def config_for(m: int) -> dict:
@@ -77,13 +89,11 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) ->
     interpreting = x.device.type != "cuda"  # a CPU tensor runs only under Triton's interpreter
     launch = {} if interpreting else {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"])}
     out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
-    target = out if split == 1 else torch.empty(split, M, N, dtype=torch.float32, device=x.device)
     bn = int(cfg["BN"])
-    _skinny[(triton.cdiv(N, bn), split)](x, w, target, M, N, K, K // split, BM=bm, BN=bn, BK=bk, SPLIT=split,
-                                         F32=interpreting, **launch)
-    if split > 1:
-        block = 1024
-        _sum_splits[(triton.cdiv(M * N, block),)](target, out, M * N, SPLIT=split, BLOCK=block)
+    n_tiles = triton.cdiv(N, bn)
+    parts = out if split == 1 else torch.empty(split, M, N, dtype=torch.float32, device=x.device)
+    _skinny[(n_tiles, split)](x, w, out, parts, _tickets(n_tiles, x.device), M, N, K, K // split, BM=bm, BN=bn,
+                              BK=bk, SPLIT=split, F32=interpreting, **launch)
     return out
 
 
