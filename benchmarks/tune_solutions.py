@@ -5,6 +5,7 @@ baseline timed in the same run beside them, and with --write the best per M writ
 submission's CONFIGS (between its `CONFIGS = {` line and the closing `}`), so no search is repeated.
 
     python benchmarks/tune_solutions.py muse_bf16_proj [--write] [--seconds 0.3] [--json OUT]
+Each solution's custom_kernel takes the configuration as an optional second argument.
 GPU only.
 """
 
@@ -28,9 +29,14 @@ from pipeline.kernel.evaluate import device_ceilings, floor_us  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
 from tune_fused_moe import time_us  # noqa: E402
 
+# Each problem's search, in stages: a stage searches its grid with every other key at the best found so
+# far (the kept configuration first), so the MoE's two GEMMs are searched one after the other, not as a
+# product.
 GRIDS = {
-    "muse_bf16_proj": {"BN": [32, 64, 128], "BK": [128, 256], "SPLIT": [1, 2, 4], "num_warps": [4],
-                       "num_stages": [4, 6]},
+    "muse_bf16_proj": [{"BN": [32, 64, 128], "BK": [128, 256], "SPLIT": [1, 2, 4], "num_warps": [4],
+                        "num_stages": [4, 6]}],
+    "muse_moe_w4a16": [{"BN_UP": [32, 64, 128], "SPLIT_UP": [1, 2, 4], "stages_up": [2, 3, 4]},
+                       {"BT": [16, 32], "BN_DOWN": [32, 64, 128], "SPLIT_DOWN": [1, 2, 4]}],
 }
 
 
@@ -44,8 +50,12 @@ def load_solution(problem: str):
 
 def write_configs(path: Path, best: dict[int, dict]) -> None:
     text = path.read_text()
-    body = "".join(f"    {m}: {json.dumps(c).replace('true', 'True').replace('false', 'False')},\n"
-                   for m, c in sorted(best.items()))
+    def entry(m: int, c: dict) -> str:  # one line, or one key per line past 110 characters
+        line = f"    {m}: {json.dumps(c)},\n"
+        if len(line) <= 110:
+            return line
+        return f"    {m}: {{\n" + "".join(f"        {json.dumps(k)}: {json.dumps(v)},\n" for k, v in c.items()) + "    },\n"
+    body = "".join(entry(m, c) for m, c in sorted(best.items()))
     new, n = re.subn(r"^CONFIGS = \{\n.*?^\}\n", "CONFIGS = {\n" + body + "}\n", text, count=1, flags=re.S | re.M)
     if n != 1:
         raise SystemExit(f"{path}: no `CONFIGS = {{ ... }}` block to write into")
@@ -75,15 +85,20 @@ def main() -> None:
         print(f"{shape.name}: baseline {base_us:,.2f} us, kept {kept} {kept_us:,.2f} us, floor {floor:,.2f} us",
               flush=True)
         results = [(kept_us, kept)]
-        for values in itertools.product(*grid.values()):
-            cfg = dict(zip(grid, values))
-            try:
-                us = time_us(lambda s, cfg=cfg: solution.skinny_gemm(s["x"], s["w"], cfg), sets, args.seconds)
-            except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped
-                print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                continue
-            results.append((us, cfg))
-            print(f"  {cfg}: {us:,.2f} us", flush=True)
+        current = dict(kept)
+        for stage in grid:
+            for values in itertools.product(*stage.values()):
+                cfg = {**current, **dict(zip(stage, values))}
+                if cfg == current and len(results) > 1:
+                    continue
+                try:
+                    us = time_us(lambda s, cfg=cfg: solution.custom_kernel(s, cfg), sets, args.seconds)
+                except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped
+                    print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                    continue
+                results.append((us, cfg))
+                print(f"  {cfg}: {us:,.2f} us", flush=True)
+            current = min(results, key=lambda r: r[0])[1]
         results.sort(key=lambda r: r[0])
         us, cfg = results[0]
         best[shape["M"]] = cfg

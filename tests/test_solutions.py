@@ -5,6 +5,7 @@ the speedup over the baseline recorded (printed), not asserted: the numbers go t
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,14 @@ def test_every_solution_is_for_a_problem_and_has_its_readme():
         load_problem(path.parent.name)  # raises for a folder that names no problem
         readme = path.parent / "README.md"
         assert readme.is_file() and "**The idea.**" in readme.read_text(), f"{readme}: the idea in a paragraph"
+
+
+def _load(problem: str):
+    """The solution's module, loaded by path as the evaluator loads a submission."""
+    spec = importlib.util.spec_from_file_location(f"solution_{problem}", ROOT / "solutions" / problem / "submission.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _message(doc: dict) -> str:
@@ -57,12 +66,8 @@ def test_the_solution_on_the_full_model_with_the_official_timing(path):
 def test_the_projection_s_every_tiling_is_right(split, bn, bk, monkeypatch):
     """Every tiling the search may choose for the projection (split-K with its fixed-order sum included),
     in the interpreter against the float64 product."""
-    import importlib.util
-
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    spec = importlib.util.spec_from_file_location("solution_proj", ROOT / "solutions/muse_bf16_proj/submission.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("muse_bf16_proj")
     g = torch.Generator().manual_seed(split)
     for m in (1, 7, 33):
         x = torch.randn(m, 256, generator=g).bfloat16()
@@ -71,3 +76,30 @@ def test_the_projection_s_every_tiling_is_right(split, bn, bk, monkeypatch):
         want = x.double() @ w.double().T
         assert got.dtype == torch.bfloat16 and got.shape == (m, 512)
         assert torch.allclose(got.double(), want, atol=1e-2, rtol=1e-2), (m, (got.double() - want).abs().max())
+
+
+MOE_VARIANTS = [  # the two searched stages' extremes: split-K on either GEMM (ticket-finished), wide tiles, BT 32
+    {"BT": 16, "BN_UP": 32, "SPLIT_UP": 4, "BN_DOWN": 128, "SPLIT_DOWN": 2},
+    {"BT": 32, "BN_UP": 128, "SPLIT_UP": 1, "BN_DOWN": 32, "SPLIT_DOWN": 1},
+]
+
+
+@pytest.mark.parametrize("variant", MOE_VARIANTS, ids=lambda v: "-".join(f"{k}{v[k]}" for k in v))
+def test_the_moe_s_every_blocking_is_right(variant, monkeypatch):
+    """Every blocking the search may choose for the MoE, in the interpreter against the float64 reference,
+    twice on each shape (the second call finds the tickets the first left, which must be zero again):
+    shapes whose experts hold more pairs than a block (the same experts for every token), one pair each
+    (M1) and most experts used (uniform)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    mod = _load("muse_moe_w4a16")
+    problem = load_problem("muse_moe_w4a16")
+    ref = problem.reference
+    cfg = {**mod.config_for(1), **variant}
+    shapes = {s.name: s for s in problem.shapes("smoke")}
+    for name in ("same_experts_M16", "M1", "uniform_M64"):
+        inputs = ref.make_inputs(shapes[name], 3, "cpu")
+        want = ref.reference(inputs).double()
+        for _ in range(2):
+            got = mod.custom_kernel(inputs, cfg).double()
+            err = (got - want).abs()
+            assert err.max() < 0.1 and (got - want).norm() / want.norm() < 1e-2, (name, float(err.max()))

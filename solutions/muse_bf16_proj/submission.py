@@ -97,8 +97,8 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) ->
     return out
 
 
-def custom_kernel(inputs: dict) -> torch.Tensor:
+def custom_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
     x, w = inputs["x"], inputs["w"]
     if x.shape[0] > 64:  # past the decode sizes this kernel is made for (no such workload): cuBLAS
         return x @ w.T
-    return skinny_gemm(x.contiguous(), w.contiguous())
+    return skinny_gemm(x.contiguous(), w.contiguous(), config)

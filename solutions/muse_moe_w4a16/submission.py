@@ -1,0 +1,308 @@
+"""The organizers' muse_moe_w4a16 (issue 18): the W4A16 experts in three Triton kernels, weights as the
+tensor cores' wide operand.
+
+At decode sizes (M = 1-32 tokens, 8 experts each) every used expert sees one to a few tokens, and the
+time is reading its int4 weights once. The production kernel (SGLang's fused_moe, the baseline) tiles
+tokens as the dot's M side, padded to 16 rows per expert, and runs five kernels (align, gate/up, SiLU,
+down, top-k sum). Here:
+
+1. `_route` (one program): the (token, expert) pairs sorted by expert with one `tl.sort` of the keys
+   expert * NP + pair, each expert's run cut into blocks of at most BT pairs; a block is (its first
+   sorted position, its expert), so nothing is padded and the grid is bounded by min(E, pairs) +
+   pairs / BT blocks.
+2. `_gate_up`: per block and BN columns of the intermediate, acc[BN, BT] = W[BN, K] @ x^T[K, BT]: the
+   dequantised weight tile is the dot's first operand (BN = 64-128 rows; the tokens are the narrow
+   side), unpacked four bytes per 32-bit word in PTX (the bf16 pattern 0x4300 or'ed onto each nibble is
+   128 + n; minus 136, times the scale: bf16x2 arithmetic, one rounding of the product). SiLU(gate) * up
+   fused. With SPLIT_UP > 1 the K range is shared and the last program of a tile to take its ticket adds
+   the fp32 parts in split order and applies the SiLU (deterministic, no second kernel).
+3. `_down`: the same over K = I, each pair's row scaled by its top-k weight and written as an fp32 part;
+   the last of a token's TOPK * SPLIT_DOWN parts to arrive (a ticket per token and column tile) sums them
+   in a fixed order and stores the token's bf16 row: the top-k reduction needs no kernel of its own.
+
+Tickets are int32 counters kept between calls; the program that finishes a tile sets its counter back to
+zero, so every call (and every CUDA-graph replay) starts from zero. Block sizes per M are data (CONFIGS),
+searched on the H200 under the evaluator's timing (`python benchmarks/tune_solutions.py muse_moe_w4a16`).
+On a CPU (Triton's interpreter: no PTX, a wrong bf16 dot) the dots run in float32 and the bf16 roundings
+are done by hand.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# M (the nearest tuned) -> block sizes; BT tokens per block (the dot's narrow side, 16 at least).
+CONFIGS = {
+    1: {
+        "BT": 16,
+        "BN_UP": 64,
+        "SPLIT_UP": 4,
+        "warps_up": 4,
+        "stages_up": 3,
+        "BN_DOWN": 64,
+        "SPLIT_DOWN": 1,
+        "warps_down": 4,
+        "stages_down": 3,
+    },
+    16: {
+        "BT": 16,
+        "BN_UP": 64,
+        "SPLIT_UP": 2,
+        "warps_up": 4,
+        "stages_up": 3,
+        "BN_DOWN": 64,
+        "SPLIT_DOWN": 1,
+        "warps_down": 4,
+        "stages_down": 3,
+    },
+    32: {
+        "BT": 16,
+        "BN_UP": 128,
+        "SPLIT_UP": 2,
+        "warps_up": 4,
+        "stages_up": 3,
+        "BN_DOWN": 128,
+        "SPLIT_DOWN": 1,
+        "warps_down": 4,
+        "stages_down": 3,
+    },
+}
+MAX_PAIRS = 1024  # one _route program sorts every pair in registers
+
+
+@triton.jit
+def _bf16_rne(v):
+    """float32 -> bf16, round to nearest even, by hand (the interpreter's cast truncates)."""
+    bits = v.to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True).to(tl.bfloat16)
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _route(ids_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, n_pairs, NP: tl.constexpr,
+           BT: tl.constexpr):
+    i = tl.arange(0, NP)
+    live = i < n_pairs
+    e = tl.load(ids_ptr + i, mask=live, other=0x7FFF)  # past the end: after every real expert
+    keys = tl.sort(e * NP + i)  # by expert, then by pair: a stable order
+    e_s = keys // NP
+    pair_s = keys % NP
+    tl.store(spair_ptr + i, pair_s, mask=live)
+    tl.store(sexp_ptr + i, e_s, mask=live)
+    tl.debug_barrier()  # the sorted experts are in memory before each lane reads its neighbour's
+    prev = tl.load(sexp_ptr + i - 1, mask=live & (i > 0), other=-1)
+    run_start = tl.associative_scan(tl.where(e_s != prev, i, 0), 0, _max_combine)
+    opens = live & ((i - run_start) % BT == 0)
+    blk = tl.cumsum(opens.to(tl.int32), 0) - 1
+    tl.store(bstart_ptr + blk, i, mask=opens)
+    tl.store(bexp_ptr + blk, e_s, mask=opens)
+    tl.store(nblk_ptr, tl.sum(opens.to(tl.int32), 0))
+
+
+@triton.jit
+def _dequant(packed, scale):
+    """(lo, hi): bf16 (n - 8) * scale of each byte's low / high nibble; `scale` bf16 of packed's shape."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 a, b, c, d, k;
+        mov.b32 k, 0x43084308;
+        prmt.b32 a, $4, 0, 0x4140;
+        prmt.b32 b, $4, 0, 0x4342;
+        shr.u32 c, a, 4;
+        shr.u32 d, b, 4;
+        lop3.b32 a, a, 0x000F000F, 0x43004300, 0xEA;
+        lop3.b32 b, b, 0x000F000F, 0x43004300, 0xEA;
+        lop3.b32 c, c, 0x000F000F, 0x43004300, 0xEA;
+        lop3.b32 d, d, 0x000F000F, 0x43004300, 0xEA;
+        sub.rn.bf16x2 a, a, k;
+        sub.rn.bf16x2 b, b, k;
+        sub.rn.bf16x2 c, c, k;
+        sub.rn.bf16x2 d, d, k;
+        mul.rn.bf16x2 $0, a, $5;
+        mul.rn.bf16x2 $1, b, $6;
+        mul.rn.bf16x2 $2, c, $5;
+        mul.rn.bf16x2 $3, d, $6;
+        }""",
+        "=r,=r,=r,=r,r,r,r", [packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _mac(acc, packed, scale, xt, F32: tl.constexpr):
+    """acc [BN, BT] + W [BN, GROUP] @ xt [GROUP, BT]: W the tile `packed` [BN, GROUP // 2] of one
+    quantisation group (low nibble first along K) times its scales `scale` [BN], rounded to bf16."""
+    if F32:
+        q = tl.interleave((packed & 0xF).to(tl.int32) - 8, (packed >> 4).to(tl.int32) - 8).to(tl.float32)
+        w = _bf16_rne(q * scale.to(tl.float32)[:, None]).to(tl.float32)
+        return tl.dot(w, xt.to(tl.float32), acc)
+    lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape))
+    return tl.dot(tl.interleave(lo, hi), xt, acc)
+
+
+@triton.jit
+def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constexpr):
+    """Block b's expert, its pairs [BT] and which of them are its own."""
+    e = tl.load(bexp_ptr + b)
+    r = tl.load(bstart_ptr + b) + tl.arange(0, BT)
+    inside = r < n_pairs
+    mine = inside & (tl.load(sexp_ptr + r, mask=inside, other=-1) == e)
+    return e.to(tl.int64), tl.load(spair_ptr + r, mask=mine, other=0), mine
+
+
+@triton.jit
+def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
+             ticket_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+             GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
+    b = tl.program_id(0)
+    if b >= tl.load(nblk_ptr):
+        return
+    e, pair, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT)
+    tok = (pair // TOPK).to(tl.int64)
+    tile = tl.program_id(1)
+    rn = tile * BN + tl.arange(0, BN)
+    n_ok = rn < I
+    rk = tl.arange(0, GROUP)
+    half = tl.arange(0, GROUP // 2)
+    gate_rows = w_ptr + e * (2 * I) * (H // 2) + rn[:, None].to(tl.int64) * (H // 2)
+    up_rows = gate_rows + I * (H // 2)
+    gate_s = s_ptr + e * (2 * I) * G + rn * G
+    up_s = gate_s + I * G
+    acc_g = tl.zeros((BN, BT), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BT), dtype=tl.float32)
+    sp = tl.program_id(2)
+    for g in range(sp * (G // SPLIT), (sp + 1) * (G // SPLIT)):
+        xt = tl.load(x_ptr + tok[None, :] * H + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
+        cols = (g * (GROUP // 2) + half)[None, :]
+        pg = tl.load(gate_rows + cols, mask=n_ok[:, None], other=0x88)
+        pu = tl.load(up_rows + cols, mask=n_ok[:, None], other=0x88)
+        acc_g = _mac(acc_g, pg, tl.load(gate_s + g, mask=n_ok, other=0.0), xt, F32)
+        acc_u = _mac(acc_u, pu, tl.load(up_s + g, mask=n_ok, other=0.0), xt, F32)
+    keep = n_ok[:, None] & mine[None, :]
+    out_at = act_ptr + pair[None, :].to(tl.int64) * I + rn[:, None]
+    if SPLIT == 1:
+        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        tl.store(out_at, _bf16_rne(act) if F32 else act.to(tl.bfloat16), mask=keep)
+    else:
+        part_at = part_ptr + pair[None, :].to(tl.int64) * (2 * I) + rn[:, None]
+        stride = n_pairs * 2 * I
+        tl.store(part_at + sp * stride, acc_g, mask=keep)
+        tl.store(part_at + sp * stride + I, acc_u, mask=keep)
+        tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
+        ticket = ticket_ptr + b * tl.num_programs(1) + tile
+        if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
+            gs = tl.zeros((BN, BT), dtype=tl.float32)
+            us = tl.zeros((BN, BT), dtype=tl.float32)
+            for i in tl.static_range(SPLIT):  # split order, whoever came last
+                gs += tl.load(part_at + i * stride, mask=keep, other=0.0, cache_modifier=".cg")
+                us += tl.load(part_at + i * stride + I, mask=keep, other=0.0, cache_modifier=".cg")
+            act = gs / (1.0 + tl.exp(-gs)) * us
+            tl.store(out_at, _bf16_rne(act) if F32 else act.to(tl.bfloat16), mask=keep)
+            tl.atomic_xchg(ticket, 0)
+
+
+@triton.jit
+def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, part_ptr,
+          ticket_ptr, out_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+          GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
+    b = tl.program_id(0)
+    if b >= tl.load(nblk_ptr):
+        return
+    e, pair, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT)
+    pair = pair.to(tl.int64)
+    tile = tl.program_id(1)
+    rn = tile * BN + tl.arange(0, BN)
+    n_ok = rn < H
+    rk = tl.arange(0, GROUP)
+    half = tl.arange(0, GROUP // 2)
+    rows = w_ptr + e * H * (I // 2) + rn[:, None].to(tl.int64) * (I // 2)
+    scales = s_ptr + e * H * G + rn * G
+    acc = tl.zeros((BN, BT), dtype=tl.float32)
+    sp = tl.program_id(2)
+    for g in range(sp * (G // SPLIT), (sp + 1) * (G // SPLIT)):
+        at = tl.load(act_ptr + pair[None, :] * I + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
+        p = tl.load(rows + (g * (GROUP // 2) + half)[None, :], mask=n_ok[:, None], other=0x88)
+        acc = _mac(acc, p, tl.load(scales + g, mask=n_ok, other=0.0), at, F32)
+    acc = acc * tl.load(tw_ptr + pair, mask=mine, other=0.0)[None, :]
+    keep = n_ok[:, None] & mine[None, :]
+    stride = n_pairs * H
+    tl.store(part_ptr + sp * stride + pair[None, :] * H + rn[:, None], acc, mask=keep)
+    tl.debug_barrier()  # the whole part is written before the tickets are taken (release)
+    tok = pair // TOPK  # a block's pairs are of distinct tokens (a token's experts are distinct)
+    tickets = ticket_ptr + tok * tl.num_programs(1) + tile
+    last = mine & (tl.atomic_add(tickets, 1, mask=mine, sem="acq_rel") == TOPK * SPLIT - 1)
+    if tl.sum(last.to(tl.int32), 0) > 0:
+        total = tl.zeros((BN, BT), dtype=tl.float32)
+        done = n_ok[:, None] & last[None, :]
+        for i in tl.static_range(SPLIT):  # a fixed order: split, then the token's k
+            for k in tl.static_range(TOPK):
+                total += tl.load(part_ptr + i * stride + (tok * TOPK + k)[None, :] * H + rn[:, None], mask=done,
+                                 other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + tok[None, :] * H + rn[:, None], _bf16_rne(total) if F32 else total.to(tl.bfloat16),
+                 mask=done)
+        tl.atomic_xchg(tickets, 0, mask=last)
+
+
+_TICKETS: dict = {}
+
+
+def _tickets(n: int, device: torch.device, which: str) -> torch.Tensor:
+    """Zeroed int32 counters kept between calls (each call leaves them at zero); grown, never shrunk."""
+    have = _TICKETS.get((device, which))
+    if have is None or have.numel() < n:
+        have = _TICKETS[(device, which)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+    return have
+
+
+def config_for(m: int) -> dict:
+    return dict(CONFIGS[min(CONFIGS, key=lambda k: (abs(k - m), k))])
+
+
+def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: dict | None = None) -> torch.Tensor:
+    M, H = x.shape
+    E, topk = w13.shape[0], topk_ids.shape[1]
+    I = w2.shape[-1] * 2
+    group = H // w13_scale.shape[-1]
+    n_pairs = M * topk
+    if n_pairs > MAX_PAIRS:
+        raise ValueError(f"{M} tokens x top-{topk} = {n_pairs} pairs: this solution routes at most {MAX_PAIRS}")
+    cfg = config or config_for(M)
+    bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
+    split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
+    for name, split, groups in (("SPLIT_UP", split_up, H // group), ("SPLIT_DOWN", split_down, I // group)):
+        if groups % split:
+            raise ValueError(f"{name} = {split} must divide the {groups} quantisation groups along K")
+    f32 = x.device.type != "cuda"  # a CPU tensor runs only under Triton's interpreter
+    up_launch = {} if f32 else {"num_warps": int(cfg["warps_up"]), "num_stages": int(cfg["stages_up"])}
+    down_launch = {} if f32 else {"num_warps": int(cfg["warps_down"]), "num_stages": int(cfg["stages_down"])}
+    dev = x.device
+    max_blocks = min(E, n_pairs) + n_pairs // bt
+    spair = torch.empty(n_pairs, dtype=torch.int32, device=dev)
+    sexp = torch.empty(n_pairs, dtype=torch.int32, device=dev)
+    bstart = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    bexp = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    nblk = torch.empty(1, dtype=torch.int32, device=dev)
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    _route[(1,)](ids, spair, sexp, bstart, bexp, nblk, n_pairs, NP=max(16, triton.next_power_of_2(n_pairs)), BT=bt)
+    route = (spair, sexp, bstart, bexp, nblk)
+    act = torch.empty(n_pairs, I, dtype=torch.bfloat16, device=dev)
+    up_tiles = triton.cdiv(I, bn_up)
+    parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
+    _gate_up[(max_blocks, up_tiles, split_up)](
+        x, w13, w13_scale, *route, act, parts, _tickets(max_blocks * up_tiles, dev, "up"), n_pairs, H, I,
+        H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, **up_launch)
+    down_tiles = triton.cdiv(H, bn_down)
+    out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
+    pair_out = torch.empty(split_down, n_pairs, H, dtype=torch.float32, device=dev)
+    _down[(max_blocks, down_tiles, split_down)](
+        act, w2, w2_scale, topk_weights.reshape(-1).float(), *route, pair_out,
+        _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, TOPK=topk, BT=bt, BN=bn_down,
+        GROUP=group, SPLIT=split_down, F32=f32, **down_launch)
+    return out
+
+
+def custom_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
+    return fused_moe(inputs["x"].contiguous(), inputs["topk_ids"].contiguous(), inputs["topk_weights"].contiguous(),
+                     inputs["w13"], inputs["w13_scale"], inputs["w2"], inputs["w2_scale"], config)
