@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
-# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -200,6 +200,21 @@ for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", 
     toolchains) step toolchains-env 120 bash benchmarks/toolchains_setup.sh
                 PATH="/root/tc-site/bin:$PATH" PIPELINE_TOOLCHAINS_REPORT="$OUT/toolchains.jsonl" step toolchains 420 \
                   python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/test_toolchains.py ;;
+    # Issue 12: our MoE baseline against SGLang's own kernels (Triton, taken unchanged from the pinned source by
+    # reference/_sglang_baselines.py; needs .whl/serving/'s sdist): the adapter right in a CUDA graph on the full
+    # model, then both timed in one run (SGLang's default configuration and a search of SGLang's own tuning space),
+    # then ours submitted against SGLang's kernels through the official evaluator (the score: ours over SGLang's).
+    sglang) step sglang-fetch 90 python3 -m pipeline serving fetch --sdist .whl/serving/sglang-0.5.10.post1.tar.gz
+            step sglang-gpu-tests 150 python3 -m pytest -q -p no:cacheprovider -rA -m gpu tests/test_sglang_baseline.py
+            step sglang-kernels 330 python3 benchmarks/sglang_kernels.py --seconds 0.15 --json "$OUT/sglang-kernels.json" ;;
+    # The same comparison at M16 and M32 over a smaller grid (at M1 the full grid's 60 configurations took 330 s:
+    # the larger tiles run at 1-13 ms a call, and the default was the best).
+    sglang-quick) step sglang-fetch 90 python3 -m pipeline serving fetch --sdist .whl/serving/sglang-0.5.10.post1.tar.gz
+                  step sglang-kernels-quick 240 python3 benchmarks/sglang_kernels.py --quick --seconds 0.15 --m 16 --m 32 \
+                    --json "$OUT/sglang-kernels-quick.json" ;;
+    sglang-official) step sglang-fetch 90 python3 -m pipeline serving fetch --sdist .whl/serving/sglang-0.5.10.post1.tar.gz
+                     step sglang-official 220 python3 benchmarks/official_eval.py --as-baseline --baseline sglang \
+                       --problem muse_moe_w4a16 --seeds 2 --timeout 210 --json "$OUT/sglang-official.json" ;;
     *) echo "unknown step $what" ;;
   esac
 done

@@ -68,6 +68,9 @@ def main() -> None:
                     help="with --as-baseline: which function of reference/<problem>.py to submit (a variant staged "
                          "beside the baseline)")
     ap.add_argument("--timeout", type=float, help="seconds per evaluation; one that runs longer is reported and skipped")
+    ap.add_argument("--baseline", choices=["ours", "sglang"], default="ours",
+                    help="what the evaluator times the submission against (sglang: SGLang's kernels from the pinned "
+                         "source; with --as-baseline the score is our baseline's speedup over SGLang's)")
     args = ap.parse_args()
     rows, walls = [], {}
     print(HEADER, flush=True)
@@ -88,7 +91,8 @@ def main() -> None:
             t0 = time.monotonic()
             grant = ["--grant-read", str(ROOT / "reference")] if args.as_baseline else []
             proc = subprocess.Popen([sys.executable, "-m", "pipeline", "evaluate", submission, "--problem", name,
-                                     "--seeds", str(args.seeds), "--json", str(out), *grant], cwd=ROOT, text=True,
+                                     "--seeds", str(args.seeds), "--json", str(out), "--baseline", args.baseline,
+                                     *grant], cwd=ROOT, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
                 stdout, stderr = proc.communicate(timeout=args.timeout)

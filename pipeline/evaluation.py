@@ -92,7 +92,8 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
                         "secret seeds, every shape timed, and the submission's process isolated (root, namespaces)")
     p.add_argument("--baseline", choices=["ours", "sglang"], default="ours",
                    help="what the speedups are measured against: ours (the default, reference/<problem>.py) or "
-                        "SGLang's own kernels where the pinned SGLang is installed (an organizer's choice; recorded)")
+                        "SGLang's own kernels, taken from the pinned source that `serving fetch` verifies (an "
+                        "organizer's choice, for the problems reference/_sglang_baselines.py adapts; recorded)")
     p.add_argument("--grant-read", type=Path, action="append", default=[], metavar="PATH",
                    help="also let the submission's process read PATH (benchmarks that submit the reference's own "
                         "code; never on the runner, and refused with --official)")

@@ -46,16 +46,17 @@ DEFAULT_CONFIG = {"BM": 16, "BN": 32, "num_warps": 4, "num_stages": 3, "SCHEME":
 ALIGN_KERNEL_MAX_PAIRS = 256
 
 
-def align_block_size(topk_ids: torch.Tensor, num_experts: int, bm: int):
+def align_block_size(topk_ids: torch.Tensor, num_experts: int, bm: int, capacity: int | None = None):
     """(sorted_pairs [max_padded] int32, block_expert [max_blocks] int32, padded_total [1] int32): the
     pairs (indices into topk_ids.flatten()) grouped by expert in expert order, each group padded to a
     multiple of `bm` with the sentinel M*topk; block b's expert, or `num_experts` past the end.
 
     Up to ALIGN_KERNEL_MAX_PAIRS pairs (decode batches) one Triton program does it all (one launch, as
     SGLang's moe_align_block_size kernel); more pairs (prefill), a few PyTorch ops whose cost is small
-    beside the GEMMs."""
+    beside the GEMMs. `capacity` sizes the sorted pairs otherwise than padded_capacity (the SGLang adapter
+    sizes them as SGLang does)."""
     n_pairs = topk_ids.numel()
-    max_padded = padded_capacity(n_pairs, num_experts, bm)
+    max_padded = capacity or padded_capacity(n_pairs, num_experts, bm)
     if triton is not None and n_pairs <= ALIGN_KERNEL_MAX_PAIRS and topk_ids.is_contiguous():
         device = topk_ids.device
         sorted_pairs = torch.empty(max_padded, dtype=torch.int32, device=device)

@@ -80,7 +80,7 @@ class Options:
     shapes: list[str] | None = None  # restrict to these shape names (for debugging a submission)
     official: bool = False  # refuse to run unless the result can be official (GPU, full model, secret seeds, isolation)
     grant_read: list[Path] = field(default_factory=list)  # more paths the submission may read (benchmarks only)
-    baseline: str = "ours"  # or "sglang": SGLang's own kernels, where the pinned SGLang is installed
+    baseline: str = "ours"  # or "sglang": SGLang's own kernels, from the pinned source (reference/_sglang_baselines.py)
     competition: Path | None = None  # whose [baselines] pins an official evaluation's baseline; None: the repository's
     # The timing method's knobs; None takes the device's default (GPU: docs/TIMING.md; CPU: short, unofficial).
     max_timing_seconds: float | None = None  # per workload; GPU 10 s
@@ -481,26 +481,35 @@ def baseline_problem(opts: Options, problem: Problem) -> str | None:
         return (f"--baseline sglang has no adapter for {problem.name} (adapted: {', '.join(adapters.ADAPTED)}); "
                 "use the default baseline")
     ok, why = adapters.available()
-    return None if ok else f"--baseline sglang needs SGLang on this runner: {why}"
+    return None if ok else f"--baseline sglang needs SGLang's pinned source on this runner: {why}"
 
 
-def _baseline_target(opts: Options, problem: Problem) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """(the baseline worker's load request, the result's `baseline`, its `baseline_source`)."""
-    folder = str(problem.reference_path.parent)
+def _baseline_target(opts: Options, problem: Problem) -> tuple[dict[str, Any], str, dict[str, Any], list[Path]]:
+    """(the baseline worker's load request, the result's `baseline`, its `baseline_source`, the paths its
+    sandbox may read)."""
+    folder = problem.reference_path.parent
     if opts.baseline == "sglang":
         import hashlib
 
-        version = _sglang_adapters().version() or "unknown"
-        data = SGLANG_ADAPTERS.read_bytes()
-        source = {"name": f"sglang {version}: {problem.name}",
-                  "sha256": hashlib.sha256(data + f"\0sglang=={version}".encode()).hexdigest(),
-                  "files": ["reference/_sglang_baselines.py", f"sglang=={version}"]}
+        adapters = _sglang_adapters()
+        try:
+            kernels = adapters.build_kernels()  # SGLang's kernels, taken from the verified pinned source
+        except adapters.PinnedSourceMissing as exc:
+            raise BaselineFailure(f"--baseline sglang: {exc}") from None
+        module = kernels / f"{adapters.MODULE}.py"
+        digest = hashlib.sha256()
+        for name, data in (("reference/_sglang_baselines.py", SGLANG_ADAPTERS.read_bytes()),
+                           (module.name, module.read_bytes())):
+            digest.update(f"{name}\0{len(data)}\0".encode() + data)
+        version = adapters.version()
+        source = {"name": f"sglang {version}: {problem.name}", "sha256": digest.hexdigest(),
+                  "files": ["reference/_sglang_baselines.py", *adapters.PINNED]}
         load = {"op": "load", "path": str(SGLANG_ADAPTERS), "module": "_sglang_baseline", "function": problem.name,
-                "sys_path": [folder]}
-        return load, f"sglang {version}: reference/_sglang_baselines.py:{problem.name}", source
+                "sys_path": [str(folder), str(kernels)]}
+        return load, f"sglang {version}: reference/_sglang_baselines.py:{problem.name}", source, [folder, kernels]
     load = {"op": "load", "path": str(problem.reference_path), "module": "_muse_baseline", "function": "baseline",
-            "sys_path": [folder]}
-    return load, f"reference/{problem.name}.py:baseline", baseline_identity(problem)
+            "sys_path": [str(folder)]}
+    return load, f"reference/{problem.name}.py:baseline", baseline_identity(problem), [folder]
 
 
 def evaluate(submission: Path, problem: Problem, options: Options | None = None) -> dict[str, Any]:
@@ -546,7 +555,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
     why = baseline_problem(opts, problem)
     if why:
         raise ValueError(why)
-    baseline_load, doc["baseline"], doc["baseline_source"] = _baseline_target(opts, problem)
+    baseline_load, doc["baseline"], doc["baseline_source"], baseline_readable = _baseline_target(opts, problem)
     if opts.official:
         why = pin_problem(opts, problem, doc["baseline_source"])
         if why:  # the runner's fault, not the submission's: no result (the CLI exits 3)
@@ -610,7 +619,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         if doc["status"] == "passed" and opts.timing:
             current_shape = None
             # The baseline in a process of its own: nothing the submission does in its process reaches it.
-            baseline = Child(device, deadline, policy, [problem.reference_path.parent], role="baseline")
+            baseline = Child(device, deadline, policy, baseline_readable, role="baseline")
             doc["environment"]["sandbox"]["baseline"] = baseline.describe()
             reply = baseline.request(baseline_load, opts.limits.compile)
             if not reply.get("ok"):
