@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
-# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -99,6 +99,15 @@ for what in "$@"; do
                cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
                step solutions-official-proj 90 python3 benchmarks/official_eval.py --solutions --problem muse_bf16_proj \
                  --timeout 85 --json "$OUT/solutions-proj.json" ;;
+    # Issue 18: the attention's solution: its chunking searched (written into its CONFIGS; keep the file), then
+    # evaluated as a competitor's submission with the official method, twice.
+    solutions-attention) step tune-solution-attention 200 python3 benchmarks/tune_solutions.py muse_attention_decode \
+                           --write --seconds 0.2 --json "$OUT/tune-solution-attention.json"
+                         cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
+                         for i in 1 2; do
+                           step solutions-official-attention$i 100 python3 benchmarks/official_eval.py --solutions \
+                             --problem muse_attention_decode --timeout 95 --json "$OUT/solutions-attention$i.json"
+                         done ;;
     # The templates' own official evaluations (issue 12: each within the official limits; the decode layer's
     # ran past 240 s in the third session).
     templates) step templates 560 python3 benchmarks/official_eval.py --problem muse_decode_layer \

@@ -37,7 +37,11 @@ GRIDS = {
                         "num_stages": [4, 6]}],
     "muse_moe_w4a16": [{"BN_UP": [32, 64, 128], "SPLIT_UP": [1, 2, 4], "stages_up": [2, 3, 4]},
                        {"BT": [16, 32], "BN_DOWN": [32, 64, 128], "SPLIT_DOWN": [1, 2, 4]}],
+    "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
+                              {"num_warps": [4, 8], "num_stages": [2, 3, 4]}],
 }
+# The workload's parameter a solution's CONFIGS are keyed by (its custom_kernel reads it off the inputs).
+SIZE = {"muse_attention_decode": "B"}
 
 
 def load_solution(problem: str):
@@ -80,7 +84,8 @@ def main() -> None:
         sets = [ref.make_inputs(shape, 100 + r, "cuda") for r in range(2)]
         floor = floor_us(ref.floor(shape), ceilings)
         base_us = time_us(ref.baseline, sets, args.seconds)
-        kept = solution.config_for(shape["M"])
+        size = shape[SIZE.get(args.problem, "M")]
+        kept = solution.config_for(size)
         kept_us = time_us(lambda s: solution.custom_kernel(s), sets, args.seconds)
         print(f"{shape.name}: baseline {base_us:,.2f} us, kept {kept} {kept_us:,.2f} us, floor {floor:,.2f} us",
               flush=True)
@@ -101,7 +106,7 @@ def main() -> None:
             current = min(results, key=lambda r: r[0])[1]
         results.sort(key=lambda r: r[0])
         us, cfg = results[0]
-        best[shape["M"]] = cfg
+        best[size] = cfg
         rows.append({"workload": shape.name, "baseline_us": base_us, "kept_us": kept_us, "best_us": us,
                      "floor_us": floor, "config": cfg})
         print(f"{shape.name}: best {cfg} {us:,.2f} us: {base_us / us:.3f}x the baseline, {us / floor:.2f}x the floor",

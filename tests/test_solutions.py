@@ -103,3 +103,25 @@ def test_the_moe_s_every_blocking_is_right(variant, monkeypatch):
             got = mod.custom_kernel(inputs, cfg).double()
             err = (got - want).abs()
             assert err.max() < 0.1 and (got - want).norm() / want.norm() < 1e-2, (name, float(err.max()))
+
+
+@pytest.mark.parametrize("chunk, block_n", [(16, 16), (48, 16), (128, 32)])
+def test_the_attention_s_every_chunking_is_right(chunk, block_n, monkeypatch):
+    """Chunkings the search may choose for the attention, in the interpreter against the float64 reference,
+    twice on each shape (the second call finds the counters the first left, which must be zero again):
+    many splits per request (up to 128 at chunk 16 on L65536's 2,048 tokens), a count that is no multiple
+    of the merge's tile (48), one split (L1), and a ragged batch whose requests end mid-chunk."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    mod = _load("muse_attention_decode")
+    problem = load_problem("muse_attention_decode")
+    ref = problem.reference
+    cfg = {**mod.config_for(1), "CHUNK": chunk, "BLOCK_N": block_n}
+    shapes = {s.name: s for s in problem.shapes("smoke")}
+    for name in ("L65536", "L1", "B3", "B16"):
+        inputs = ref.make_inputs(shapes[name], 5, "cpu")
+        want = ref.reference(inputs).double()
+        for _ in range(2):
+            got = mod.custom_kernel(inputs, cfg)
+            assert got.dtype == torch.bfloat16 and got.shape == want.shape
+            err = (got.double() - want).abs()
+            assert err.max() < 0.02 and (got.double() - want).norm() / want.norm() < 5e-3, (name, float(err.max()))
