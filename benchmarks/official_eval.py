@@ -106,6 +106,10 @@ def main() -> None:
                 print(f"{name}: no result\n{stdout[-2000:]}\n{stderr[-2000:]}", flush=True)
                 continue
             doc = json.loads(out.read_text())
+            if doc["status"] != "passed":  # say why, so a failure on the GPU is never only a word
+                failed = [(e["shape"], e.get("reason")) for e in doc["correctness"] if not e["passed"]]
+                print(f"{name}: {doc['status']}: {(doc.get('error') or {}).get('message')}; failed shapes {failed}",
+                      flush=True)
             mine = []
             for p in doc["performance"]:
                 mine.append({"problem": name, "workload": p["workload"], "baseline_us": p["baseline_median_us"],

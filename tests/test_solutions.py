@@ -107,10 +107,10 @@ def test_the_moe_s_every_blocking_is_right(variant, monkeypatch):
 
 @pytest.mark.parametrize("chunk, block_n", [(16, 16), (48, 16), (128, 32)])
 def test_the_attention_s_every_chunking_is_right(chunk, block_n, monkeypatch):
-    """Chunkings the search may choose for the attention, in the interpreter against the float64 reference,
-    twice on each shape (the second call finds the counters the first left, which must be zero again):
-    many splits per request (up to 128 at chunk 16 on L65536's 2,048 tokens), a count that is no multiple
-    of the merge's tile (48), one split (L1), and a ragged batch whose requests end mid-chunk."""
+    """Chunkings the search may choose for the attention, in the interpreter against the float64 reference:
+    the most splits the merge holds (chunk 16 on L65536's 2,048 tokens is raised to keep 65 <= MAX_SPLITS),
+    a chunk that is no power of two (48), one split (L1), and ragged batches whose requests end mid-chunk;
+    twice a shape (the buffers of the first call are the allocator's to reuse)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     mod = _load("muse_attention_decode")
     problem = load_problem("muse_attention_decode")
