@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
-# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -108,6 +108,13 @@ for what in "$@"; do
                            step solutions-official-attention$i 100 python3 benchmarks/official_eval.py --solutions \
                              --problem muse_attention_decode --timeout 95 --json "$OUT/solutions-attention$i.json"
                          done ;;
+    # Issue 18: each solution called hundreds of times on the same inputs, eagerly and in graph replays, with the
+    # ticket-finished split-K forced where the tuned configuration skips it: outputs that differ or fail count.
+    stress) step stress 200 python3 benchmarks/stress_solutions.py --json "$OUT/stress.json" ;;
+    # The fused MoE's graph and alignment tests and SGLang's kernels on the full model (after a change to them).
+    moe-gpu-tests) step sglang-fetch 90 python3 -m pipeline serving fetch --sdist .whl/serving/sglang-0.5.10.post1.tar.gz
+                   step moe-gpu-tests 200 python3 -m pytest -q -p no:cacheprovider -rA -m gpu \
+                     tests/test_reference_muse_moe_w4a16.py tests/test_sglang_baseline.py -k "graph or align or full_model" ;;
     # The templates' own official evaluations (issue 12: each within the official limits; the decode layer's
     # ran past 240 s in the third session).
     templates) step templates 560 python3 benchmarks/official_eval.py --problem muse_decode_layer \
