@@ -141,7 +141,9 @@ def test_each_shape_says_where_its_wall_time_went(tmp_path):
     wall = entry["wall_s"]
     assert set(wall) == {"total", "inputs", "reference", "transport", "call", "check"}
     assert 0.4 <= wall["call"] <= wall["total"]  # two calls of 0.2 s each land in "call", not elsewhere
-    assert sum(v for k, v in wall.items() if k != "total") <= wall["total"] + 1e-3
+    # each figure is rounded to the millisecond on its own: the parts' sum may pass the total by half a
+    # millisecond a figure (a CI run: 0.412 against 0.411)
+    assert sum(v for k, v in wall.items() if k != "total") <= wall["total"] + 0.0005 * len(wall) + 1e-9
 
 
 def test_secret_seeds_change_the_inputs_and_are_marked(tmp_path):
