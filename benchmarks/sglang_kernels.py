@@ -82,7 +82,6 @@ def main() -> None:
     problem = load_problem("muse_moe_w4a16")
     ref = problem.reference
     ceilings = device_ceilings()
-    keys = ("x", "topk_ids", "topk_weights", "w13", "w13_scale", "w2", "w2_scale")
     rows = []
     for m in args.m or (1, 16, 32):
         base = problem.shape("M1")

@@ -14,7 +14,6 @@ the problem's own check fails: a racy merge shows as a count above zero.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -23,21 +22,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from pipeline.kernel.check import compare  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
+from tune_solutions import SIZE, load_solution  # noqa: E402
 
-SIZE = {"muse_attention_decode": "B"}
 # Configurations that take the ticket path where the tuned one may not (SPLIT > 1).
 FORCED = {"muse_bf16_proj": [{"SPLIT": 2}, {"SPLIT": 4}], "muse_moe_w4a16": [{"SPLIT_UP": 4, "SPLIT_DOWN": 2}]}
-
-
-def load_solution(problem: str, path: Path | None = None):
-    path = path or ROOT / "solutions" / problem / "submission.py"
-    spec = importlib.util.spec_from_file_location(f"solution_{problem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def stress(fn, inputs: dict, want: torch.Tensor, tol: dict, calls: int) -> dict:
@@ -81,7 +73,7 @@ def main() -> None:
     for name in args.problem or sorted(p.parent.name for p in (ROOT / "solutions").glob("*/submission.py")):
         problem = load_problem(name)
         ref = problem.reference
-        solution = load_solution(name, args.file)
+        _, solution = load_solution(name, args.file)
         tol = problem.tolerances["output"]
         for shape in problem.shapes("full", kinds=("workload", "test") if args.all_shapes else ("workload",)):
             inputs = ref.make_inputs(shape, 7, "cuda")

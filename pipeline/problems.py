@@ -155,17 +155,21 @@ def baseline_identity(problem: "Problem") -> dict[str, Any]:
     """Which baseline a result was measured against: its name and a sha256 over the source of every
     file it is made of (path and bytes), so two results compare only when their baselines are the same
     code."""
+    files = reference_sources(problem.reference_path)
+    root = problem.reference_path.resolve().parent.parent
+    named = [(f.relative_to(root).as_posix(), f.read_bytes()) for f in files]
+    return {"name": f"reference/{problem.name}.py:baseline", "sha256": sources_sha256(named),
+            "files": [rel for rel, _ in named]}
+
+
+def sources_sha256(named: list[tuple[str, bytes]]) -> str:
+    """sha256 over (name, bytes) pairs, each framed by its name and length: a baseline's code identity."""
     import hashlib
 
     digest = hashlib.sha256()
-    files = reference_sources(problem.reference_path)
-    root = problem.reference_path.resolve().parent.parent
-    for f in files:
-        rel = f.relative_to(root).as_posix()
-        data = f.read_bytes()
-        digest.update(f"{rel}\0{len(data)}\0".encode() + data)
-    return {"name": f"reference/{problem.name}.py:baseline", "sha256": digest.hexdigest(),
-            "files": [f.relative_to(root).as_posix() for f in files]}
+    for name, data in named:
+        digest.update(f"{name}\0{len(data)}\0".encode() + data)
+    return digest.hexdigest()
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

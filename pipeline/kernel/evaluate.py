@@ -39,7 +39,7 @@ from pipeline.kernel import timing
 from pipeline.kernel import toolchains
 from pipeline.kernel import transport
 from pipeline.kernel.check import compare
-from pipeline.problems import Problem, Shape, baseline_identity, geomean
+from pipeline.problems import Problem, Shape, baseline_identity, geomean, sources_sha256
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/: the only part of the checkout a worker sees
@@ -489,20 +489,16 @@ def _baseline_target(opts: Options, problem: Problem) -> tuple[dict[str, Any], s
     sandbox may read)."""
     folder = problem.reference_path.parent
     if opts.baseline == "sglang":
-        import hashlib
-
         adapters = _sglang_adapters()
         try:
             kernels = adapters.build_kernels()  # SGLang's kernels, taken from the verified pinned source
         except adapters.PinnedSourceMissing as exc:
             raise BaselineFailure(f"--baseline sglang: {exc}") from None
         module = kernels / f"{adapters.MODULE}.py"
-        digest = hashlib.sha256()
-        for name, data in (("reference/_sglang_baselines.py", SGLANG_ADAPTERS.read_bytes()),
-                           (module.name, module.read_bytes())):
-            digest.update(f"{name}\0{len(data)}\0".encode() + data)
+        sha = sources_sha256([("reference/_sglang_baselines.py", SGLANG_ADAPTERS.read_bytes()),
+                              (module.name, module.read_bytes())])
         version = adapters.version()
-        source = {"name": f"sglang {version}: {problem.name}", "sha256": digest.hexdigest(),
+        source = {"name": f"sglang {version}: {problem.name}", "sha256": sha,
                   "files": ["reference/_sglang_baselines.py", *adapters.PINNED]}
         load = {"op": "load", "path": str(SGLANG_ADAPTERS), "module": "_sglang_baseline", "function": problem.name,
                 "sys_path": [str(folder), str(kernels)]}
