@@ -6,6 +6,7 @@ each kernel's mean duration per call is printed beside the sum, the floor and th
 on the bytes it must read (the experts the batch uses). GPU only.
 
     python benchmarks/moe_breakdown.py [--m 1 --m 16 --m 32] [--calls 40] [--json OUT]
+    python benchmarks/moe_breakdown.py --solution [--config '{"BN_UP": 16}'] ...   (the organizers' solution)
     ncu -k regex:gate_up|_down ... python benchmarks/moe_breakdown.py --m 1 --plain   (gpu_session.sh moe-ncu)
 """
 
@@ -23,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "reference"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from pipeline.kernel.evaluate import device_ceilings, floor_us  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
@@ -37,6 +39,8 @@ def main() -> None:
     ap.add_argument("--m", type=int, action="append")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--solution", action="store_true", help="the organizers' solution (solutions/muse_moe_w4a16)")
+    ap.add_argument("--config", type=json.loads, default={}, help="with --solution: keys over its configuration")
     ap.add_argument("--plain", action="store_true",
                     help="only run the calls, no profiler (under Nsight Compute, which needs CUPTI to itself)")
     args = ap.parse_args()
@@ -49,9 +53,16 @@ def main() -> None:
         shape = dataclasses.replace(base, name=f"M{m}", params={**base.params, "M": m})
         sets = [ref.make_inputs(shape, 100 + r, "cuda") for r in range(2)]
         floor = floor_us(ref.floor(shape), ceilings)
-        cfg = fused.config_for(m)
+        if args.solution:
+            from tune_solutions import load_solution
+            solution = load_solution("muse_moe_w4a16")[1]
+            cfg = {**solution.config_for(m), **args.config}
+            def run(*a, cfg=cfg):
+                return solution.fused_moe(*a, config=cfg)
+        else:
+            cfg, run = fused.config_for(m), fused.fused_moe
         for s in sets:  # compile and warm
-            fused.fused_moe(*(s[k] for k in KEYS))
+            run(*(s[k] for k in KEYS))
         torch.cuda.synchronize()
         if args.plain:
             print(f"M{m}: config {cfg}; warmed on {len(sets)} input sets (no profiler)")
@@ -59,7 +70,7 @@ def main() -> None:
             continue
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for i in range(args.calls):
-                fused.fused_moe(*(sets[i % len(sets)][k] for k in KEYS))
+                run(*(sets[i % len(sets)][k] for k in KEYS))
             torch.cuda.synchronize()
         per: dict[str, list[float]] = defaultdict(list)
         for e in prof.events():

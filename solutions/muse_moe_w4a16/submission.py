@@ -27,6 +27,8 @@ On a CPU (Triton's interpreter: no PTX, a wrong bf16 dot) the dots run in float3
 are done by hand.
 """
 
+from math import gcd
+
 import torch
 import triton
 import triton.language as tl
@@ -34,28 +36,33 @@ import triton.language as tl
 # M (the nearest tuned) -> block sizes; BT tokens per block (the dot's narrow side, 16 at least).
 CONFIGS = {
     1: {
-        "BT": 16,
-        "BN_UP": 64,
-        "SPLIT_UP": 4,
+        "PATH": "cc",
+        "BT": 1,
+        "BN_UP": 32,
+        "GPS_UP": 4,
         "warps_up": 4,
         "stages_up": 3,
-        "BN_DOWN": 64,
-        "SPLIT_DOWN": 1,
+        "BN_DOWN": 8,
+        "GPS_DOWN": 4,
         "warps_down": 4,
         "stages_down": 3,
     },
     16: {
+        "PATH": "tc",
         "BT": 16,
         "BN_UP": 64,
         "SPLIT_UP": 2,
-        "warps_up": 4,
-        "stages_up": 3,
+        "warps_up": 2,
+        "stages_up": 2,
         "BN_DOWN": 64,
         "SPLIT_DOWN": 1,
-        "warps_down": 4,
+        "warps_down": 2,
         "stages_down": 3,
+        "GPS_UP": 2,
+        "GPS_DOWN": 2,
     },
     32: {
+        "PATH": "tc",
         "BT": 16,
         "BN_UP": 128,
         "SPLIT_UP": 2,
@@ -63,8 +70,10 @@ CONFIGS = {
         "stages_up": 3,
         "BN_DOWN": 128,
         "SPLIT_DOWN": 1,
-        "warps_down": 4,
-        "stages_down": 3,
+        "warps_down": 2,
+        "stages_down": 2,
+        "GPS_UP": 2,
+        "GPS_DOWN": 2,
     },
 }
 MAX_PAIRS = 1024  # one _route program sorts every pair in registers
@@ -245,6 +254,133 @@ def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_p
         tl.atomic_xchg(tickets, 0, mask=last)
 
 
+@triton.jit
+def _nibbles(packed):
+    """(lo, hi) float32 (n - 8) of each byte's low / high nibble: a nibble or'ed into the float pattern of
+    2^23 is 2^23 + n, exact, and one subtraction takes 2^23 + 8 off (no int -> float conversion)."""
+    w = packed.to(tl.int32)
+    lo = ((w & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+    hi = ((w >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+    return lo, hi
+
+
+@triton.jit
+def _row_dot(lo, hi, scale, v_ptr, GPS: tl.constexpr, HALF: tl.constexpr):
+    """[BN]: sum over a step's GPS groups of scale[n, g] * sum_j (lo[n, g, j] v[2j] + hi[n, g, j] v[2j+1]),
+    v the step's 2 * GPS * HALF activations from v_ptr (even k on the low nibble)."""
+    v = tl.load(v_ptr + tl.arange(0, 2 * GPS * HALF)).to(tl.float32)  # contiguous, then split even / odd
+    ve, vo = tl.split(v.reshape(GPS, HALF, 2))
+    return tl.sum(tl.sum(lo * ve[None, :, :] + hi * vo[None, :, :], 2) * scale, 1)
+
+
+@triton.jit
+def _load_step(rows, scales, s, ok, GPS: tl.constexpr, HALF: tl.constexpr):
+    """Step s of BN weight rows (the rows where `ok`): the packed bytes [BN, GPS, HALF] and the scales
+    [BN, GPS] of its GPS quantisation groups."""
+    gi = tl.arange(0, GPS)
+    cols = (s * GPS + gi)[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    packed = tl.load(rows[:, None, None] + cols[None, :, :], mask=ok[:, None, None], other=0x88)
+    return packed, tl.load(scales[:, None] + (s * GPS + gi)[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _gate_up_cc(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, ids_ptr, act_ptr,
+                n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr,
+                GPS: tl.constexpr, SORTED: tl.constexpr, PREFETCH: tl.constexpr):
+    """CUDA cores, no tensor-core tile: per block (one expert, its `cnt` <= BT pairs) and BN rows of the
+    intermediate, the gate and up rows are unpacked once per step into float32 and dotted with each pair's
+    token in turn; SiLU(gate) * up stored in float32. Unsorted (SORTED = 0): a block is one pair.
+    PREFETCH: the next step's bytes are requested before this step's arithmetic (two steps in flight)."""
+    b = tl.program_id(0)
+    if SORTED:
+        if b >= tl.load(nblk_ptr):
+            return
+        e, _, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT)
+        start = tl.load(bstart_ptr + b)
+        cnt = tl.sum(mine.to(tl.int32), 0)  # a run is contiguous: its pairs are a prefix of the slots
+    else:
+        e = tl.load(ids_ptr + b).to(tl.int64)
+        start = b
+        cnt = 1
+    HALF: tl.constexpr = GROUP // 2
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = rn < I
+    gate_rows = w_ptr + e * (2 * I) * (H // 2) + rn.to(tl.int64) * (H // 2)
+    up_rows = gate_rows + I * (H // 2)
+    gate_s = s_ptr + e * (2 * I) * G + rn * G
+    up_s = gate_s + I * G
+    slot = tl.arange(0, BT)
+    acc_g = tl.zeros((BT, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BT, BN), dtype=tl.float32)
+    steps = G // GPS
+    pg, sg = _load_step(gate_rows, gate_s, 0, n_ok, GPS, HALF)
+    pu, su = _load_step(up_rows, up_s, 0, n_ok, GPS, HALF)
+    for s in range(0, steps):
+        more = n_ok & (rn * 0 + s + 1 < steps)  # a tensor: the interpreter's s is a Python int
+        if PREFETCH:
+            pg_next, sg_next = _load_step(gate_rows, gate_s, s + 1, more, GPS, HALF)
+            pu_next, su_next = _load_step(up_rows, up_s, s + 1, more, GPS, HALF)
+        glo, ghi = _nibbles(pg)
+        ulo, uhi = _nibbles(pu)
+        for i in range(cnt):
+            pair = tl.load(spair_ptr + start + i) if SORTED else start
+            xs = x_ptr + (pair // TOPK).to(tl.int64) * H + s * GPS * GROUP
+            dg = _row_dot(glo, ghi, sg.to(tl.float32), xs, GPS, HALF)
+            du = _row_dot(ulo, uhi, su.to(tl.float32), xs, GPS, HALF)
+            acc_g = tl.where(slot[:, None] == i, acc_g + dg[None, :], acc_g)
+            acc_u = tl.where(slot[:, None] == i, acc_u + du[None, :], acc_u)
+        if PREFETCH:
+            pg, sg, pu, su = pg_next, sg_next, pu_next, su_next
+        else:
+            pg, sg = _load_step(gate_rows, gate_s, s + 1, more, GPS, HALF)
+            pu, su = _load_step(up_rows, up_s, s + 1, more, GPS, HALF)
+    act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    if SORTED:
+        pairs = tl.load(spair_ptr + start + slot, mask=slot < cnt, other=0)
+    else:
+        pairs = start + slot
+    tl.store(act_ptr + pairs[:, None].to(tl.int64) * I + rn[None, :], act, mask=(slot < cnt)[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, TOPK: tl.constexpr,
+             BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr, HAS_RES: tl.constexpr,
+             PREFETCH: tl.constexpr):
+    """CUDA cores: per token and BN output columns, the token's TOPK experts one after the other (a fixed
+    order: deterministic, no parts, no atomics), each expert's rows unpacked into float32 and dotted with
+    the pair's float32 activation times its weight; the sum (plus the residual) stored as the token's bf16
+    row. One loop over (expert, step), so PREFETCH runs on across the experts."""
+    t = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = GROUP // 2
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = rn < H
+    row_off = rn.to(tl.int64) * (I // 2)
+    steps = G // GPS
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    e = tl.load(ids_ptr + t * TOPK).to(tl.int64)
+    p, sc = _load_step(w_ptr + e * H * (I // 2) + row_off, s_ptr + e * H * G + rn * G, 0, n_ok, GPS, HALF)
+    for it in range(0, TOPK * steps):
+        pair = t * TOPK + it // steps
+        s = it % steps
+        nxt = it + 1
+        more = n_ok & (rn * 0 + nxt < TOPK * steps)
+        e_next = tl.load(ids_ptr + t * TOPK + nxt // steps, mask=nxt < TOPK * steps, other=0).to(tl.int64)
+        rows_next = w_ptr + e_next * H * (I // 2) + row_off
+        scales_next = s_ptr + e_next * H * G + rn * G
+        if PREFETCH:
+            p_next, sc_next = _load_step(rows_next, scales_next, nxt % steps, more, GPS, HALF)
+        lo, hi = _nibbles(p)
+        acc += tl.load(tw_ptr + pair) * _row_dot(lo, hi, sc.to(tl.float32), act_ptr + pair * I + s * GPS * GROUP,
+                                                 GPS, HALF)
+        if PREFETCH:
+            p, sc = p_next, sc_next
+        else:
+            p, sc = _load_step(rows_next, scales_next, nxt % steps, more, GPS, HALF)
+    if HAS_RES:
+        acc += tl.load(res_ptr + t * H + rn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)
+
+
 _TICKETS: dict = {}
 
 
@@ -260,7 +396,65 @@ def config_for(m: int) -> dict:
     return dict(CONFIGS[min(CONFIGS, key=lambda k: (abs(k - m), k))])
 
 
-def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: dict | None = None) -> torch.Tensor:
+def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: dict | None = None,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The experts' weighted sum [M, H] bf16 (plus `residual`, bf16 [M, H], where given: a layer's)."""
+    cfg = config or config_for(x.shape[0])
+    if cfg.get("PATH", "tc") == "cc":
+        return _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg, residual)
+    out = _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg)
+    return out if residual is None else out + residual
+
+
+def _launch(cfg: dict, which: str, cuda: bool) -> dict:
+    return {"num_warps": int(cfg[f"warps_{which}"]), "num_stages": int(cfg[f"stages_{which}"])} if cuda else {}
+
+
+def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
+    """The pairs sorted by expert, cut into blocks of at most bt (see _route); the block count bound."""
+    dev = ids.device
+    max_blocks = min(E, n_pairs) + n_pairs // bt
+    spair = torch.empty(n_pairs, dtype=torch.int32, device=dev)
+    sexp = torch.empty(n_pairs, dtype=torch.int32, device=dev)
+    bstart = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    bexp = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    nblk = torch.empty(1, dtype=torch.int32, device=dev)
+    _route[(1,)](ids, spair, sexp, bstart, bexp, nblk, n_pairs, NP=max(16, triton.next_power_of_2(n_pairs)), BT=bt)
+    return max_blocks, (spair, sexp, bstart, bexp, nblk)
+
+
+def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict, residual=None):
+    """The CUDA-core path: _gate_up_cc over blocks of one expert's pairs (BT = 1: every pair its own
+    block, no sort), _down_cc over tokens. Two launches (three when sorted)."""
+    M, H = x.shape
+    E, topk = w13.shape[0], topk_ids.shape[1]
+    I = w2.shape[-1] * 2
+    group = H // w13_scale.shape[-1]
+    n_pairs = M * topk
+    # groups a step: the tuned count where it divides the groups along K (the smoke model has fewer)
+    bt, gps_up, gps_down = int(cfg["BT"]), gcd(int(cfg["GPS_UP"]), H // group), gcd(int(cfg["GPS_DOWN"]), I // group)
+    cuda = x.device.type == "cuda"
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    if bt > 1:
+        if n_pairs > MAX_PAIRS:
+            raise ValueError(f"{M} tokens x top-{topk} = {n_pairs} pairs: this solution sorts at most {MAX_PAIRS}")
+        blocks, route = _route_pairs(ids, n_pairs, E, bt)
+    else:
+        blocks, route = n_pairs, (ids,) * 5  # unused pointers
+    act = torch.empty(n_pairs, I, dtype=torch.float32, device=x.device)
+    bn_up, bn_down, prefetch = int(cfg["BN_UP"]), int(cfg["BN_DOWN"]), bool(cfg.get("PREFETCH", 0))
+    _gate_up_cc[(blocks, triton.cdiv(I, bn_up))](
+        x, w13, w13_scale, *route, ids, act, n_pairs, H, I, H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group,
+        GPS=gps_up, SORTED=bt > 1, PREFETCH=prefetch, **_launch(cfg, "up", cuda))
+    out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
+    _down_cc[(M, triton.cdiv(H, bn_down))](
+        act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, out, H, I,
+        I // group, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None, PREFETCH=prefetch,
+        **_launch(cfg, "down", cuda))
+    return out
+
+
+def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict) -> torch.Tensor:
     M, H = x.shape
     E, topk = w13.shape[0], topk_ids.shape[1]
     I = w2.shape[-1] * 2
@@ -268,25 +462,15 @@ def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: d
     n_pairs = M * topk
     if n_pairs > MAX_PAIRS:
         raise ValueError(f"{M} tokens x top-{topk} = {n_pairs} pairs: this solution routes at most {MAX_PAIRS}")
-    cfg = config or config_for(M)
     bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
     split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
     for name, split, groups in (("SPLIT_UP", split_up, H // group), ("SPLIT_DOWN", split_down, I // group)):
         if groups % split:
             raise ValueError(f"{name} = {split} must divide the {groups} quantisation groups along K")
     f32 = x.device.type != "cuda"  # a CPU tensor runs only under Triton's interpreter
-    up_launch = {} if f32 else {"num_warps": int(cfg["warps_up"]), "num_stages": int(cfg["stages_up"])}
-    down_launch = {} if f32 else {"num_warps": int(cfg["warps_down"]), "num_stages": int(cfg["stages_down"])}
+    up_launch, down_launch = _launch(cfg, "up", not f32), _launch(cfg, "down", not f32)
     dev = x.device
-    max_blocks = min(E, n_pairs) + n_pairs // bt
-    spair = torch.empty(n_pairs, dtype=torch.int32, device=dev)
-    sexp = torch.empty(n_pairs, dtype=torch.int32, device=dev)
-    bstart = torch.empty(max_blocks, dtype=torch.int32, device=dev)
-    bexp = torch.empty(max_blocks, dtype=torch.int32, device=dev)
-    nblk = torch.empty(1, dtype=torch.int32, device=dev)
-    ids = topk_ids.reshape(-1).to(torch.int32)
-    _route[(1,)](ids, spair, sexp, bstart, bexp, nblk, n_pairs, NP=max(16, triton.next_power_of_2(n_pairs)), BT=bt)
-    route = (spair, sexp, bstart, bexp, nblk)
+    max_blocks, route = _route_pairs(topk_ids.reshape(-1).to(torch.int32), n_pairs, E, bt)
     act = torch.empty(n_pairs, I, dtype=torch.bfloat16, device=dev)
     up_tiles = triton.cdiv(I, bn_up)
     parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
