@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
-# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -99,6 +99,16 @@ for what in "$@"; do
                cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
                step solutions-official-proj 90 python3 benchmarks/official_eval.py --solutions --problem muse_bf16_proj \
                  --timeout 85 --json "$OUT/solutions-proj.json" ;;
+    # Issue 18: the MoE's CUDA-core path searched (written into its CONFIGS; keep the file), then evaluated.
+    solutions-moe) step tune-solution-moe 390 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --write --seconds 0.1 \
+                     --json "$OUT/tune-solution-moe.json"
+                   cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
+                   step solutions-official-moe 150 python3 benchmarks/official_eval.py --solutions --problem muse_moe_w4a16 \
+                     --timeout 140 --json "$OUT/solutions-moe.json" ;;
+    # Issue 18: the decode layer's solution rebuilt from its parts (after a search wrote their CONFIGS), evaluated.
+    solutions-layer) python3 solutions/build_layers.py && cp solutions/muse_decode_layer/submission.py "$OUT/solution-layer.py"
+                     step solutions-official-layer 200 python3 benchmarks/official_eval.py --solutions \
+                       --problem muse_decode_layer --timeout 190 --json "$OUT/solutions-layer.json" ;;
     # Issue 18: the attention's solution: its chunking searched (written into its CONFIGS; keep the file), then
     # evaluated as a competitor's submission with the official method, twice.
     solutions-attention) step tune-solution-attention 200 python3 benchmarks/tune_solutions.py muse_attention_decode \
@@ -207,6 +217,15 @@ for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", 
                  --section WarpStateStats --section SchedulerStats --page details --csv \
                  python3 benchmarks/moe_breakdown.py --m $m --plain --calls 1
              done ;;
+    # Issue 18: where the MoE solution's time goes (per kernel), its CUDA-core path forced at M16, and ncu at M1.
+    solution-moe-profile) step solution-moe-breakdown 120 python3 benchmarks/moe_breakdown.py --solution --m 1 --calls 40
+                          step solution-moe-breakdown-cc16 120 python3 benchmarks/moe_breakdown.py --solution --m 16 \
+                            --config '{"PATH": "cc", "BT": 8, "BN_UP": 16, "GPS_UP": 2, "BN_DOWN": 16, "GPS_DOWN": 2}'
+                          NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+                          step solution-moe-ncu 150 "$NCU" --clock-control none --target-processes all -k "regex:_cc" \
+                            --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+                            --section LaunchStats --section WarpStateStats --section SchedulerStats --page details --csv \
+                            python3 benchmarks/moe_breakdown.py --solution --m 1 --plain --calls 1 ;;
     moe-breakdown) step moe-breakdown 90 python3 benchmarks/moe_breakdown.py --json "$OUT/moe-breakdown.json" ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     # Issue 16: what this machine has to build with (which nvcc, nvcc --version, ninja, c++), the wheels of

@@ -81,6 +81,10 @@ def test_the_projection_s_every_tiling_is_right(split, bn, bk, monkeypatch):
 MOE_VARIANTS = [  # the two searched stages' extremes: split-K on either GEMM (ticket-finished), wide tiles, BT 32
     {"BT": 16, "BN_UP": 32, "SPLIT_UP": 4, "BN_DOWN": 128, "SPLIT_DOWN": 2},
     {"BT": 32, "BN_UP": 128, "SPLIT_UP": 1, "BN_DOWN": 32, "SPLIT_DOWN": 1},
+    # the CUDA-core path: unsorted (a block per pair), sorted blocks smaller than an expert's run, several
+    # groups a step
+    {"PATH": "cc", "BT": 1, "BN_UP": 16, "GPS_UP": 1, "BN_DOWN": 32, "GPS_DOWN": 2},
+    {"PATH": "cc", "BT": 4, "BN_UP": 32, "GPS_UP": 2, "BN_DOWN": 16, "GPS_DOWN": 1, "PREFETCH": 1},
 ]
 
 
@@ -125,3 +129,22 @@ def test_the_attention_s_every_chunking_is_right(chunk, block_n, monkeypatch):
             assert got.dtype == torch.bfloat16 and got.shape == want.shape
             err = (got.double() - want).abs()
             assert err.max() < 0.02 and (got.double() - want).norm() / want.norm() < 5e-3, (name, float(err.max()))
+
+
+def test_the_layer_solutions_are_their_parts_built(tmp_path):
+    """solutions/<layer>/submission.py is generated (a submission is one file): it must be the build of its
+    parts as they stand, and a part's change must reach it."""
+    import subprocess
+    import sys
+
+    build = ROOT / "solutions" / "build_layers.py"
+    done = subprocess.run([sys.executable, str(build), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    spec = importlib.util.spec_from_file_location("build_layers", build)
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    text = builder.build("muse_decode_layer")
+    for problem, prefix in builder.LAYERS["muse_decode_layer"]:
+        assert f"\n{prefix}_CONFIGS = {{" in text and f"def {prefix}_kernel(" in text, problem
+    assert text.count("\ndef custom_kernel(") == 1 and text.count("\nimport torch\n") == 1
+    compile(text, "submission.py", "exec")
