@@ -270,7 +270,10 @@ def test_a_cancelled_evaluation_stops_every_server_and_writes_nothing(inputs, sc
     procs = {}
     for sig, out in outs.items():
         cmd = _command(inputs, out, patch) + ["--window-s", "60"]
-        procs[sig] = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Ctrl-C as in a terminal: a shell's background job (`bash .ci/run &`) starts its children with SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler, so the disposition is set here
+        procs[sig] = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for sig, proc in procs.items():
         for line in proc.stderr:
             if "block 1/4 (baseline): ready in" in line:
