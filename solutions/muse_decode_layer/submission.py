@@ -187,7 +187,7 @@ moe_CONFIGS = {
         "GPS_DOWN": 2,
     },
 }
-MAX_PAIRS = 1024  # one _route program sorts every pair in registers
+MAX_PAIRS = 1024  # one _route program sorts up to this many pairs in registers; more are counted and scattered
 
 
 @triton.jit
@@ -221,6 +221,50 @@ def _route(ids_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, n_pairs
     tl.store(bstart_ptr + blk, i, mask=opens)
     tl.store(bexp_ptr + blk, e_s, mask=opens)
     tl.store(nblk_ptr, tl.sum(opens.to(tl.int32), 0))
+
+
+@triton.jit
+def _count(ids_ptr, counts_ptr, rank_ptr, n_pairs, BLOCK: tl.constexpr):
+    """Many pairs (prefill): each pair's rank among its expert's pairs, by an atomic count per expert."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_pairs
+    e = tl.load(ids_ptr + i, mask=ok, other=0)
+    tl.store(rank_ptr + i, tl.atomic_add(counts_ptr + e, 1, mask=ok), mask=ok)
+
+
+@triton.jit
+def _cut(counts_ptr, estart_ptr, bfirst_ptr, bstart_ptr, bexp_ptr, nblk_ptr, E, max_blocks, EB: tl.constexpr,
+         BT: tl.constexpr, CH: tl.constexpr):
+    """One program: each expert's first sorted position (an exclusive scan of the counts), and its run cut
+    into blocks of at most BT pairs, blocks numbered expert after expert."""
+    e = tl.arange(0, EB)
+    ok = e < E
+    c = tl.load(counts_ptr + e, mask=ok, other=0)
+    nb = (c + BT - 1) // BT
+    ends = tl.cumsum(nb, 0)  # an expert's blocks end here (exclusive)
+    tl.store(estart_ptr + e, tl.cumsum(c, 0) - c, mask=ok)
+    tl.store(bfirst_ptr + e, ends - nb, mask=ok)
+    total = tl.sum(nb, 0)
+    tl.store(nblk_ptr, total)
+    tl.debug_barrier()  # the scans are in memory before any lane reads another expert's
+    ends = tl.where(ok, ends, 1 << 30)
+    for b0 in range(0, max_blocks, CH):
+        b = b0 + tl.arange(0, CH)
+        live = b < total
+        owner = tl.sum((ends[None, :] <= b[:, None]).to(tl.int32), 1)  # experts whose blocks all come before b
+        first = tl.load(bfirst_ptr + owner, mask=live, other=0)
+        tl.store(bstart_ptr + b, tl.load(estart_ptr + owner, mask=live, other=0) + (b - first) * BT, mask=live)
+        tl.store(bexp_ptr + b, owner, mask=live)
+
+
+@triton.jit
+def _scatter(ids_ptr, rank_ptr, estart_ptr, spair_ptr, sexp_ptr, n_pairs, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_pairs
+    e = tl.load(ids_ptr + i, mask=ok, other=0)
+    at = tl.load(estart_ptr + e, mask=ok, other=0) + tl.load(rank_ptr + i, mask=ok, other=0)
+    tl.store(spair_ptr + at, i, mask=ok)
+    tl.store(sexp_ptr + at, e, mask=ok)
 
 
 @triton.jit
@@ -530,7 +574,20 @@ def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
     bstart = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     bexp = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     nblk = torch.empty(1, dtype=torch.int32, device=dev)
-    _route[(1,)](ids, spair, sexp, bstart, bexp, nblk, n_pairs, NP=max(16, triton.next_power_of_2(n_pairs)), BT=bt)
+    if n_pairs <= MAX_PAIRS:
+        _route[(1,)](ids, spair, sexp, bstart, bexp, nblk, n_pairs, NP=max(16, triton.next_power_of_2(n_pairs)),
+                     BT=bt)
+        return max_blocks, (spair, sexp, bstart, bexp, nblk)
+    # many pairs: ranks by an atomic count per expert (their order inside an expert's run varies from call
+    # to call; every pair's row is computed and summed alike wherever it sits, so the output does not)
+    counts = torch.zeros(E, dtype=torch.int32, device=dev)
+    rank = torch.empty(n_pairs, dtype=torch.int32, device=dev)
+    estart = torch.empty(E, dtype=torch.int32, device=dev)
+    bfirst = torch.empty(E, dtype=torch.int32, device=dev)
+    grid = (triton.cdiv(n_pairs, 1024),)
+    _count[grid](ids, counts, rank, n_pairs, BLOCK=1024)
+    _cut[(1,)](counts, estart, bfirst, bstart, bexp, nblk, E, max_blocks, EB=triton.next_power_of_2(E), BT=bt, CH=64)
+    _scatter[grid](ids, rank, estart, spair, sexp, n_pairs, BLOCK=1024)
     return max_blocks, (spair, sexp, bstart, bexp, nblk)
 
 
@@ -547,8 +604,6 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     cuda = x.device.type == "cuda"
     ids = topk_ids.reshape(-1).to(torch.int32)
     if bt > 1:
-        if n_pairs > MAX_PAIRS:
-            raise ValueError(f"{M} tokens x top-{topk} = {n_pairs} pairs: this solution sorts at most {MAX_PAIRS}")
         blocks, route = _route_pairs(ids, n_pairs, E, bt)
     else:
         blocks, route = n_pairs, (ids,) * 5  # unused pointers
@@ -571,8 +626,6 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     I = w2.shape[-1] * 2
     group = H // w13_scale.shape[-1]
     n_pairs = M * topk
-    if n_pairs > MAX_PAIRS:
-        raise ValueError(f"{M} tokens x top-{topk} = {n_pairs} pairs: this solution routes at most {MAX_PAIRS}")
     bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
     split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
     for name, split, groups in (("SPLIT_UP", split_up, H // group), ("SPLIT_DOWN", split_down, I // group)):
