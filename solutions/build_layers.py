@@ -20,9 +20,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# layer -> its parts, (problem, prefix), in the order they are placed
+# layer -> its parts, (a problem's solution or a file under solutions/, the prefix of its renamed names or
+# None), in the order they are placed
 LAYERS = {
-    "muse_decode_layer": [("muse_attention_decode", "attn"), ("muse_moe_w4a16", "moe")],
+    "muse_decode_layer": [("muse_attention_decode", "attn"), ("muse_moe_w4a16", "moe"), ("layer_ops.py", None)],
+    "muse_prefill_layer": [("muse_moe_w4a16", "moe"), ("layer_ops.py", None)],
 }
 RENAMED = ("CONFIGS", "config_for", "custom_kernel")
 
@@ -58,12 +60,13 @@ def build(layer: str) -> str:
     own = HERE / layer / "layer.py"
     doc, imports, body = _split(own.read_text(), str(own))
     sections = []
-    for problem, prefix in LAYERS[layer]:
-        path = HERE / problem / "submission.py"
+    for part, prefix in LAYERS[layer]:
+        path = HERE / part if part.endswith(".py") else HERE / part / "submission.py"
         _, part_imports, part_body = _split(path.read_text(), str(path))
         imports += [line for line in part_imports if line not in imports]
-        sections.append(f"# ---- from solutions/{problem}/submission.py ({', '.join(RENAMED)} prefixed {prefix}_) ----\n\n"
-                        + _renamed(part_body, prefix).rstrip("\n") + "\n")
+        how = f" ({', '.join(RENAMED)} prefixed {prefix}_)" if prefix else ""
+        text = _renamed(part_body, prefix) if prefix else part_body
+        sections.append(f"# ---- from {path.relative_to(HERE.parent)}{how} ----\n\n" + text.rstrip("\n") + "\n")
     plain = sorted(line for line in imports if line.startswith("import "))
     froms = sorted(line for line in imports if line.startswith("from "))
     head = f'"""{doc}"""\n\n' + "\n".join(plain + froms) + "\n\n\n"

@@ -143,11 +143,13 @@ def test_the_layer_solutions_are_their_parts_built(tmp_path):
     spec = importlib.util.spec_from_file_location("build_layers", build)
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)
-    text = builder.build("muse_decode_layer")
-    for problem, prefix in builder.LAYERS["muse_decode_layer"]:
-        assert f"\n{prefix}_CONFIGS = {{" in text and f"def {prefix}_kernel(" in text, problem
-    assert text.count("\ndef custom_kernel(") == 1 and text.count("\nimport torch\n") == 1
-    compile(text, "submission.py", "exec")
+    for layer, parts in builder.LAYERS.items():
+        text = builder.build(layer)
+        for part, prefix in parts:
+            if prefix:
+                assert f"\n{prefix}_CONFIGS = {{" in text and f"def {prefix}_kernel(" in text, (layer, part)
+        assert text.count("\ndef custom_kernel(") == 1 and text.count("\nimport torch\n") == 1, layer
+        compile(text, "submission.py", "exec")
 
 
 def test_the_moe_s_counted_route_is_right(monkeypatch):

@@ -1,17 +1,16 @@
 """The organizers' muse_decode_layer (issue 18): the layer composed of the organizers' own kernels.
 
 GENERATED as submission.py by `python solutions/build_layers.py` (a submission is one file): the attention's
-and the MoE's solutions (solutions/muse_attention_decode, solutions/muse_moe_w4a16) are placed above this
-part, their CONFIGS, config_for and custom_kernel renamed with a prefix (attn_, moe_). Edit the parts and
-this file, then rebuild; tests/test_solutions.py fails while submission.py differs from the build.
+and the MoE's solutions (solutions/muse_attention_decode, solutions/muse_moe_w4a16) and the layers' small
+ops (solutions/layer_ops.py) are placed above this part, the solutions' CONFIGS, config_for and
+custom_kernel renamed with a prefix (attn_, moe_). Edit the parts and this file, then rebuild;
+tests/test_solutions.py fails while submission.py differs from the build.
 
 The layer: RMSNorm (one Triton program per token) -> the QKV GEMM (cuBLAS) -> RoPE with the new K and V
 written into their cache slots (one program per token and head) -> the attention solution (fixed-size
 chunks, one-shot merge) -> the output GEMM (cuBLAS) -> the residual add and the second RMSNorm in one
 kernel -> the router GEMM (cuBLAS) -> softmax-top-k renormalised (one program per token) -> the MoE
 solution, the residual added in its last kernel. fp32 inside every kernel, bf16 between them.
-
-On a CPU (Triton's interpreter: a float32 -> bf16 cast truncates) the kernels round to bf16 by hand.
 """
 
 import math
@@ -656,7 +655,7 @@ def moe_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
                      inputs["w13"], inputs["w13_scale"], inputs["w2"], inputs["w2_scale"], config)
 
 
-# ---- the layer's own part: solutions/muse_decode_layer/layer.py ----
+# ---- from solutions/layer_ops.py ----
 
 @triton.jit
 def _to_bf16(v, F32: tl.constexpr):
@@ -681,15 +680,24 @@ def _norm(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, H, eps, HAS_RES: tl.constexpr, 
 
 
 @triton.jit
-def _rope_write(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, bt_ptr, freq_ptr, bt_stride, Hq: tl.constexpr,
-                Hkv: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, F32: tl.constexpr):
+def _rope_write(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, cu_ptr, bt_ptr, freq_ptr, bt_stride, B,
+                Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BB: tl.constexpr,
+                EXTEND: tl.constexpr, F32: tl.constexpr):
     """Program (token t, head h): a query head rotated into q; a key head rotated into its cache slot, and
-    the value head of the same index copied beside it. Angles in float64 from float64 frequencies (at
-    position 65,535 float32 moves an angle by ~1e-2 rad)."""
+    the value head of the same index copied beside it. Decode: token t is request t at pos_ptr[t]. EXTEND:
+    token t belongs to the request whose new tokens cu_ptr brackets it in, at that request's prefix
+    (pos_ptr[request]) plus its index among them. Angles in float64 from float64 frequencies (at position
+    65,535 float32 moves an angle by ~1e-2 rad)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     i = tl.arange(0, D // 2)
-    p = tl.load(pos_ptr + t).to(tl.int64)
+    if EXTEND:
+        r = tl.arange(0, BB)
+        req = tl.sum((tl.load(cu_ptr + 1 + r, mask=r < B, other=1 << 30) <= t).to(tl.int32), 0)
+        p = t - tl.load(cu_ptr + req).to(tl.int64) + tl.load(pos_ptr + req).to(tl.int64)
+    else:
+        req = t
+        p = tl.load(pos_ptr + t).to(tl.int64)
     angle = p.to(tl.float64) * tl.load(freq_ptr + i)
     c = tl.cos(angle).to(tl.float32)
     s = tl.sin(angle).to(tl.float32)
@@ -701,7 +709,7 @@ def _rope_write(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, bt_ptr, freq_ptr, bt_stri
     if h < Hq:
         dst = q_ptr + (t * Hq + h) * D
     else:
-        slot = tl.load(bt_ptr + t * bt_stride + p // PAGE).to(tl.int64) * PAGE + p % PAGE
+        slot = tl.load(bt_ptr + req * bt_stride + p // PAGE).to(tl.int64) * PAGE + p % PAGE
         dst = k_ptr + (slot * Hkv + h - Hq) * D
         d = tl.arange(0, D)
         tl.store(v_ptr + (slot * Hkv + h - Hq) * D + d, tl.load(src + Hkv * D + d))
@@ -753,28 +761,46 @@ def _rms(x, weight, eps, f32, residual=None):
     return out, h
 
 
+def rope_write(qkv, k_cache, v_cache, block_table, pos, theta: float, Hq: int, cu_seqlens=None) -> torch.Tensor:
+    """q [T, Hq, D] bf16 rotated; the rotated K and the V of every token written into its cache slot. `pos`:
+    each token's position (decode), or with `cu_seqlens` each request's prefix length (extend)."""
+    T = qkv.shape[0]
+    _, page, Hkv, D = k_cache.shape
+    f32 = qkv.device.type != "cuda"
+    q = torch.empty(T, Hq, D, dtype=qkv.dtype, device=qkv.device)
+    B = block_table.shape[0]
+    _rope_write[(T, Hq + Hkv)](qkv, q, k_cache, v_cache, pos, pos if cu_seqlens is None else cu_seqlens, block_table,
+                               _frequencies(D, theta, qkv.device), block_table.stride(0), B, Hq=Hq, Hkv=Hkv, D=D,
+                               PAGE=page, BB=max(2, triton.next_power_of_2(B)), EXTEND=cu_seqlens is not None,
+                               F32=f32, **({} if f32 else {"num_warps": 1}))
+    return q
+
+
+def route(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32 [T, topk], weights float32 [T, topk]): softmax over the experts, top-k, renormalised."""
+    T, E = logits.shape
+    ids = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
+    weights = torch.empty(T, topk, dtype=torch.float32, device=logits.device)
+    _topk[(T,)](logits, ids, weights, E, TOPK=topk, EB=triton.next_power_of_2(E),
+                **({} if logits.device.type != "cuda" else {"num_warps": 1}))
+    return ids, weights
+
+
+# ---- the layer's own part: solutions/muse_decode_layer/layer.py ----
+
 def custom_kernel(inputs: dict) -> torch.Tensor:
     x, k_cache, v_cache = inputs["x"], inputs["k_cache"], inputs["v_cache"]
-    block_table, seq_lens = inputs["block_table"], inputs["seq_lens"]
     T, H = x.shape
-    _, page, Hkv, D = k_cache.shape
-    Hq = inputs["wqkv"].shape[0] // D - 2 * Hkv
-    eps, topk = float(inputs["eps"]), int(inputs["topk"])
+    D = k_cache.shape[3]
+    Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
+    eps = float(inputs["eps"])
     f32 = x.device.type != "cuda"
-    one = {} if f32 else {"num_warps": 1}
-    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)
-    qkv = F.linear(xn, inputs["wqkv"])
-    q = torch.empty(T, Hq, D, dtype=x.dtype, device=x.device)
-    _rope_write[(T, Hq + Hkv)](qkv, q, k_cache, v_cache, inputs["positions"], block_table,
-                               _frequencies(D, float(inputs["theta"]), x.device), block_table.stride(0), Hq=Hq,
-                               Hkv=Hkv, D=D, PAGE=page, F32=f32, **one)
-    o = attn_kernel({"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,  # noqa: F821
-                     "seq_lens": seq_lens, "scale": 1.0 / math.sqrt(D)})
-    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)
-    logits = F.linear(hn, inputs["router"])
-    E = logits.shape[1]
-    ids = torch.empty(T, topk, dtype=torch.int32, device=x.device)
-    weights = torch.empty(T, topk, dtype=torch.float32, device=x.device)
-    _topk[(T,)](logits, ids, weights, E, TOPK=topk, EB=triton.next_power_of_2(E), **one)
+    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)  # noqa: F821 - the parts' names
+    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, v_cache, inputs["block_table"],  # noqa: F821
+                   inputs["positions"], float(inputs["theta"]), Hq)
+    o = attn_kernel({"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": inputs["block_table"],  # noqa: F821
+                     "seq_lens": inputs["seq_lens"], "scale": 1.0 / math.sqrt(D)})
+    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)  # noqa: F821
+    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))  # noqa: F821
     return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821
                      inputs["w2_scale"], residual=h)

@@ -1,0 +1,780 @@
+"""The organizers' muse_prefill_layer (issue 18): the layer composed of the organizers' own kernels.
+
+GENERATED as submission.py by `python solutions/build_layers.py` (a submission is one file): the MoE's
+solution (solutions/muse_moe_w4a16: CONFIGS, config_for and custom_kernel renamed moe_...) and the layers'
+small ops (solutions/layer_ops.py) are placed above this part. Edit the parts and this file, then rebuild;
+tests/test_solutions.py fails while submission.py differs from the build.
+
+The layer: RMSNorm -> the QKV GEMM (cuBLAS) -> RoPE with the new K and V written into their cache slots ->
+causal paged attention (`_extend` below) -> the output GEMM (cuBLAS) -> the residual add with the second
+RMSNorm -> the router GEMM (cuBLAS) -> softmax-top-k -> the MoE solution (past 1,024 (token, expert) pairs
+routed by an atomic count per expert; tensor cores, PREFILL_MOE's blocks), the residual added at its end.
+
+The attention differs from the baseline's (SGLang's Triton extend design) in three ways: the grid puts a
+KV group's query heads side by side (the fastest grid dimension), so the G = 5 programs reading the same
+keys and values run together and share them through L2; the query blocks of a request run from the last
+(the longest causal walk) to the first, so the short ones fill the tail; and each block walks its keys in
+two loops, the keys every query of the block sees without a mask, then the diagonal with the causal mask.
+"""
+
+import math
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from math import gcd
+
+
+# ---- from solutions/muse_moe_w4a16/submission.py (CONFIGS, config_for, custom_kernel prefixed moe_) ----
+
+moe_CONFIGS = {
+    1: {
+        "PATH": "cc",
+        "BT": 1,
+        "BN_UP": 32,
+        "GPS_UP": 4,
+        "warps_up": 4,
+        "stages_up": 3,
+        "BN_DOWN": 8,
+        "GPS_DOWN": 4,
+        "warps_down": 4,
+        "stages_down": 3,
+    },
+    16: {
+        "PATH": "tc",
+        "BT": 16,
+        "BN_UP": 64,
+        "SPLIT_UP": 2,
+        "warps_up": 2,
+        "stages_up": 2,
+        "BN_DOWN": 64,
+        "SPLIT_DOWN": 1,
+        "warps_down": 2,
+        "stages_down": 3,
+        "GPS_UP": 2,
+        "GPS_DOWN": 2,
+    },
+    32: {
+        "PATH": "tc",
+        "BT": 16,
+        "BN_UP": 128,
+        "SPLIT_UP": 2,
+        "warps_up": 4,
+        "stages_up": 3,
+        "BN_DOWN": 128,
+        "SPLIT_DOWN": 1,
+        "warps_down": 2,
+        "stages_down": 2,
+        "GPS_UP": 2,
+        "GPS_DOWN": 2,
+    },
+}
+MAX_PAIRS = 1024  # one _route program sorts up to this many pairs in registers; more are counted and scattered
+
+
+@triton.jit
+def _bf16_rne(v):
+    """float32 -> bf16, round to nearest even, by hand (the interpreter's cast truncates)."""
+    bits = v.to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True).to(tl.bfloat16)
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _route(ids_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, n_pairs, NP: tl.constexpr,
+           BT: tl.constexpr):
+    i = tl.arange(0, NP)
+    live = i < n_pairs
+    e = tl.load(ids_ptr + i, mask=live, other=0x7FFF)  # past the end: after every real expert
+    keys = tl.sort(e * NP + i)  # by expert, then by pair: a stable order
+    e_s = keys // NP
+    pair_s = keys % NP
+    tl.store(spair_ptr + i, pair_s, mask=live)
+    tl.store(sexp_ptr + i, e_s, mask=live)
+    tl.debug_barrier()  # the sorted experts are in memory before each lane reads its neighbour's
+    prev = tl.load(sexp_ptr + i - 1, mask=live & (i > 0), other=-1)
+    run_start = tl.associative_scan(tl.where(e_s != prev, i, 0), 0, _max_combine)
+    opens = live & ((i - run_start) % BT == 0)
+    blk = tl.cumsum(opens.to(tl.int32), 0) - 1
+    tl.store(bstart_ptr + blk, i, mask=opens)
+    tl.store(bexp_ptr + blk, e_s, mask=opens)
+    tl.store(nblk_ptr, tl.sum(opens.to(tl.int32), 0))
+
+
+@triton.jit
+def _count(ids_ptr, counts_ptr, rank_ptr, n_pairs, BLOCK: tl.constexpr):
+    """Many pairs (prefill): each pair's rank among its expert's pairs, by an atomic count per expert."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_pairs
+    e = tl.load(ids_ptr + i, mask=ok, other=0)
+    tl.store(rank_ptr + i, tl.atomic_add(counts_ptr + e, 1, mask=ok), mask=ok)
+
+
+@triton.jit
+def _cut(counts_ptr, estart_ptr, bfirst_ptr, bstart_ptr, bexp_ptr, nblk_ptr, E, max_blocks, EB: tl.constexpr,
+         BT: tl.constexpr, CH: tl.constexpr):
+    """One program: each expert's first sorted position (an exclusive scan of the counts), and its run cut
+    into blocks of at most BT pairs, blocks numbered expert after expert."""
+    e = tl.arange(0, EB)
+    ok = e < E
+    c = tl.load(counts_ptr + e, mask=ok, other=0)
+    nb = (c + BT - 1) // BT
+    ends = tl.cumsum(nb, 0)  # an expert's blocks end here (exclusive)
+    tl.store(estart_ptr + e, tl.cumsum(c, 0) - c, mask=ok)
+    tl.store(bfirst_ptr + e, ends - nb, mask=ok)
+    total = tl.sum(nb, 0)
+    tl.store(nblk_ptr, total)
+    tl.debug_barrier()  # the scans are in memory before any lane reads another expert's
+    ends = tl.where(ok, ends, 1 << 30)
+    for b0 in range(0, max_blocks, CH):
+        b = b0 + tl.arange(0, CH)
+        live = b < total
+        owner = tl.sum((ends[None, :] <= b[:, None]).to(tl.int32), 1)  # experts whose blocks all come before b
+        first = tl.load(bfirst_ptr + owner, mask=live, other=0)
+        tl.store(bstart_ptr + b, tl.load(estart_ptr + owner, mask=live, other=0) + (b - first) * BT, mask=live)
+        tl.store(bexp_ptr + b, owner, mask=live)
+
+
+@triton.jit
+def _scatter(ids_ptr, rank_ptr, estart_ptr, spair_ptr, sexp_ptr, n_pairs, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_pairs
+    e = tl.load(ids_ptr + i, mask=ok, other=0)
+    at = tl.load(estart_ptr + e, mask=ok, other=0) + tl.load(rank_ptr + i, mask=ok, other=0)
+    tl.store(spair_ptr + at, i, mask=ok)
+    tl.store(sexp_ptr + at, e, mask=ok)
+
+
+@triton.jit
+def _dequant(packed, scale):
+    """(lo, hi): bf16 (n - 8) * scale of each byte's low / high nibble; `scale` bf16 of packed's shape."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 a, b, c, d, k;
+        mov.b32 k, 0x43084308;
+        prmt.b32 a, $4, 0, 0x4140;
+        prmt.b32 b, $4, 0, 0x4342;
+        shr.u32 c, a, 4;
+        shr.u32 d, b, 4;
+        lop3.b32 a, a, 0x000F000F, 0x43004300, 0xEA;
+        lop3.b32 b, b, 0x000F000F, 0x43004300, 0xEA;
+        lop3.b32 c, c, 0x000F000F, 0x43004300, 0xEA;
+        lop3.b32 d, d, 0x000F000F, 0x43004300, 0xEA;
+        sub.rn.bf16x2 a, a, k;
+        sub.rn.bf16x2 b, b, k;
+        sub.rn.bf16x2 c, c, k;
+        sub.rn.bf16x2 d, d, k;
+        mul.rn.bf16x2 $0, a, $5;
+        mul.rn.bf16x2 $1, b, $6;
+        mul.rn.bf16x2 $2, c, $5;
+        mul.rn.bf16x2 $3, d, $6;
+        }""",
+        "=r,=r,=r,=r,r,r,r", [packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _mac(acc, packed, scale, xt, F32: tl.constexpr):
+    """acc [BN, BT] + W [BN, GROUP] @ xt [GROUP, BT]: W the tile `packed` [BN, GROUP // 2] of one
+    quantisation group (low nibble first along K) times its scales `scale` [BN], rounded to bf16."""
+    if F32:
+        q = tl.interleave((packed & 0xF).to(tl.int32) - 8, (packed >> 4).to(tl.int32) - 8).to(tl.float32)
+        w = _bf16_rne(q * scale.to(tl.float32)[:, None]).to(tl.float32)
+        return tl.dot(w, xt.to(tl.float32), acc)
+    lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape))
+    return tl.dot(tl.interleave(lo, hi), xt, acc)
+
+
+@triton.jit
+def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constexpr):
+    """Block b's expert, its pairs [BT] and which of them are its own."""
+    e = tl.load(bexp_ptr + b)
+    r = tl.load(bstart_ptr + b) + tl.arange(0, BT)
+    inside = r < n_pairs
+    mine = inside & (tl.load(sexp_ptr + r, mask=inside, other=-1) == e)
+    return e.to(tl.int64), tl.load(spair_ptr + r, mask=mine, other=0), mine
+
+
+@triton.jit
+def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
+             ticket_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+             GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
+    b = tl.program_id(0)
+    if b >= tl.load(nblk_ptr):
+        return
+    e, pair, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT)
+    tok = (pair // TOPK).to(tl.int64)
+    tile = tl.program_id(1)
+    rn = tile * BN + tl.arange(0, BN)
+    n_ok = rn < I
+    rk = tl.arange(0, GROUP)
+    half = tl.arange(0, GROUP // 2)
+    gate_rows = w_ptr + e * (2 * I) * (H // 2) + rn[:, None].to(tl.int64) * (H // 2)
+    up_rows = gate_rows + I * (H // 2)
+    gate_s = s_ptr + e * (2 * I) * G + rn * G
+    up_s = gate_s + I * G
+    acc_g = tl.zeros((BN, BT), dtype=tl.float32)
+    acc_u = tl.zeros((BN, BT), dtype=tl.float32)
+    sp = tl.program_id(2)
+    for g in range(sp * (G // SPLIT), (sp + 1) * (G // SPLIT)):
+        xt = tl.load(x_ptr + tok[None, :] * H + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
+        cols = (g * (GROUP // 2) + half)[None, :]
+        pg = tl.load(gate_rows + cols, mask=n_ok[:, None], other=0x88)
+        pu = tl.load(up_rows + cols, mask=n_ok[:, None], other=0x88)
+        acc_g = _mac(acc_g, pg, tl.load(gate_s + g, mask=n_ok, other=0.0), xt, F32)
+        acc_u = _mac(acc_u, pu, tl.load(up_s + g, mask=n_ok, other=0.0), xt, F32)
+    keep = n_ok[:, None] & mine[None, :]
+    out_at = act_ptr + pair[None, :].to(tl.int64) * I + rn[:, None]
+    if SPLIT == 1:
+        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        tl.store(out_at, _bf16_rne(act) if F32 else act.to(tl.bfloat16), mask=keep)
+    else:
+        part_at = part_ptr + pair[None, :].to(tl.int64) * (2 * I) + rn[:, None]
+        stride = n_pairs * 2 * I
+        tl.store(part_at + sp * stride, acc_g, mask=keep)
+        tl.store(part_at + sp * stride + I, acc_u, mask=keep)
+        tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
+        ticket = ticket_ptr + b * tl.num_programs(1) + tile
+        if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
+            gs = tl.zeros((BN, BT), dtype=tl.float32)
+            us = tl.zeros((BN, BT), dtype=tl.float32)
+            for i in tl.static_range(SPLIT):  # split order, whoever came last
+                gs += tl.load(part_at + i * stride, mask=keep, other=0.0, cache_modifier=".cg")
+                us += tl.load(part_at + i * stride + I, mask=keep, other=0.0, cache_modifier=".cg")
+            act = gs / (1.0 + tl.exp(-gs)) * us
+            tl.store(out_at, _bf16_rne(act) if F32 else act.to(tl.bfloat16), mask=keep)
+            tl.atomic_xchg(ticket, 0)
+
+
+@triton.jit
+def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, part_ptr,
+          ticket_ptr, out_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+          GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
+    b = tl.program_id(0)
+    if b >= tl.load(nblk_ptr):
+        return
+    e, pair, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT)
+    pair = pair.to(tl.int64)
+    tile = tl.program_id(1)
+    rn = tile * BN + tl.arange(0, BN)
+    n_ok = rn < H
+    rk = tl.arange(0, GROUP)
+    half = tl.arange(0, GROUP // 2)
+    rows = w_ptr + e * H * (I // 2) + rn[:, None].to(tl.int64) * (I // 2)
+    scales = s_ptr + e * H * G + rn * G
+    acc = tl.zeros((BN, BT), dtype=tl.float32)
+    sp = tl.program_id(2)
+    for g in range(sp * (G // SPLIT), (sp + 1) * (G // SPLIT)):
+        at = tl.load(act_ptr + pair[None, :] * I + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
+        p = tl.load(rows + (g * (GROUP // 2) + half)[None, :], mask=n_ok[:, None], other=0x88)
+        acc = _mac(acc, p, tl.load(scales + g, mask=n_ok, other=0.0), at, F32)
+    acc = acc * tl.load(tw_ptr + pair, mask=mine, other=0.0)[None, :]
+    keep = n_ok[:, None] & mine[None, :]
+    stride = n_pairs * H
+    tl.store(part_ptr + sp * stride + pair[None, :] * H + rn[:, None], acc, mask=keep)
+    tl.debug_barrier()  # the whole part is written before the tickets are taken (release)
+    tok = pair // TOPK  # a block's pairs are of distinct tokens (a token's experts are distinct)
+    tickets = ticket_ptr + tok * tl.num_programs(1) + tile
+    last = mine & (tl.atomic_add(tickets, 1, mask=mine, sem="acq_rel") == TOPK * SPLIT - 1)
+    if tl.sum(last.to(tl.int32), 0) > 0:
+        total = tl.zeros((BN, BT), dtype=tl.float32)
+        done = n_ok[:, None] & last[None, :]
+        for i in tl.static_range(SPLIT):  # a fixed order: split, then the token's k
+            for k in tl.static_range(TOPK):
+                total += tl.load(part_ptr + i * stride + (tok * TOPK + k)[None, :] * H + rn[:, None], mask=done,
+                                 other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + tok[None, :] * H + rn[:, None], _bf16_rne(total) if F32 else total.to(tl.bfloat16),
+                 mask=done)
+        tl.atomic_xchg(tickets, 0, mask=last)
+
+
+@triton.jit
+def _nibbles(packed):
+    """(lo, hi) float32 (n - 8) of each byte's low / high nibble: a nibble or'ed into the float pattern of
+    2^23 is 2^23 + n, exact, and one subtraction takes 2^23 + 8 off (no int -> float conversion)."""
+    w = packed.to(tl.int32)
+    lo = ((w & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+    hi = ((w >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+    return lo, hi
+
+
+@triton.jit
+def _row_dot(lo, hi, scale, v_ptr, GPS: tl.constexpr, HALF: tl.constexpr):
+    """[BN]: sum over a step's GPS groups of scale[n, g] * sum_j (lo[n, g, j] v[2j] + hi[n, g, j] v[2j+1]),
+    v the step's 2 * GPS * HALF activations from v_ptr (even k on the low nibble)."""
+    v = tl.load(v_ptr + tl.arange(0, 2 * GPS * HALF)).to(tl.float32)  # contiguous, then split even / odd
+    ve, vo = tl.split(v.reshape(GPS, HALF, 2))
+    return tl.sum(tl.sum(lo * ve[None, :, :] + hi * vo[None, :, :], 2) * scale, 1)
+
+
+@triton.jit
+def _load_step(rows, scales, s, ok, GPS: tl.constexpr, HALF: tl.constexpr):
+    """Step s of BN weight rows (the rows where `ok`): the packed bytes [BN, GPS, HALF] and the scales
+    [BN, GPS] of its GPS quantisation groups."""
+    gi = tl.arange(0, GPS)
+    cols = (s * GPS + gi)[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    packed = tl.load(rows[:, None, None] + cols[None, :, :], mask=ok[:, None, None], other=0x88)
+    return packed, tl.load(scales[:, None] + (s * GPS + gi)[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _gate_up_cc(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, ids_ptr, act_ptr,
+                n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr,
+                GPS: tl.constexpr, SORTED: tl.constexpr, PREFETCH: tl.constexpr):
+    """CUDA cores, no tensor-core tile: per block (one expert, its `cnt` <= BT pairs) and BN rows of the
+    intermediate, the gate and up rows are unpacked once per step into float32 and dotted with each pair's
+    token in turn; SiLU(gate) * up stored in float32. Unsorted (SORTED = 0): a block is one pair.
+    PREFETCH: the next step's bytes are requested before this step's arithmetic (two steps in flight)."""
+    b = tl.program_id(0)
+    if SORTED:
+        if b >= tl.load(nblk_ptr):
+            return
+        e, _, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT)
+        start = tl.load(bstart_ptr + b)
+        cnt = tl.sum(mine.to(tl.int32), 0)  # a run is contiguous: its pairs are a prefix of the slots
+    else:
+        e = tl.load(ids_ptr + b).to(tl.int64)
+        start = b
+        cnt = 1
+    HALF: tl.constexpr = GROUP // 2
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = rn < I
+    gate_rows = w_ptr + e * (2 * I) * (H // 2) + rn.to(tl.int64) * (H // 2)
+    up_rows = gate_rows + I * (H // 2)
+    gate_s = s_ptr + e * (2 * I) * G + rn * G
+    up_s = gate_s + I * G
+    slot = tl.arange(0, BT)
+    acc_g = tl.zeros((BT, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BT, BN), dtype=tl.float32)
+    steps = G // GPS
+    pg, sg = _load_step(gate_rows, gate_s, 0, n_ok, GPS, HALF)
+    pu, su = _load_step(up_rows, up_s, 0, n_ok, GPS, HALF)
+    for s in range(0, steps):
+        more = n_ok & (rn * 0 + s + 1 < steps)  # a tensor: the interpreter's s is a Python int
+        if PREFETCH:
+            pg_next, sg_next = _load_step(gate_rows, gate_s, s + 1, more, GPS, HALF)
+            pu_next, su_next = _load_step(up_rows, up_s, s + 1, more, GPS, HALF)
+        glo, ghi = _nibbles(pg)
+        ulo, uhi = _nibbles(pu)
+        for i in range(cnt):
+            pair = tl.load(spair_ptr + start + i) if SORTED else start
+            xs = x_ptr + (pair // TOPK).to(tl.int64) * H + s * GPS * GROUP
+            dg = _row_dot(glo, ghi, sg.to(tl.float32), xs, GPS, HALF)
+            du = _row_dot(ulo, uhi, su.to(tl.float32), xs, GPS, HALF)
+            acc_g = tl.where(slot[:, None] == i, acc_g + dg[None, :], acc_g)
+            acc_u = tl.where(slot[:, None] == i, acc_u + du[None, :], acc_u)
+        if PREFETCH:
+            pg, sg, pu, su = pg_next, sg_next, pu_next, su_next
+        else:
+            pg, sg = _load_step(gate_rows, gate_s, s + 1, more, GPS, HALF)
+            pu, su = _load_step(up_rows, up_s, s + 1, more, GPS, HALF)
+    act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    if SORTED:
+        pairs = tl.load(spair_ptr + start + slot, mask=slot < cnt, other=0)
+    else:
+        pairs = start + slot
+    tl.store(act_ptr + pairs[:, None].to(tl.int64) * I + rn[None, :], act, mask=(slot < cnt)[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, TOPK: tl.constexpr,
+             BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr, HAS_RES: tl.constexpr,
+             PREFETCH: tl.constexpr):
+    """CUDA cores: per token and BN output columns, the token's TOPK experts one after the other (a fixed
+    order: deterministic, no parts, no atomics), each expert's rows unpacked into float32 and dotted with
+    the pair's float32 activation times its weight; the sum (plus the residual) stored as the token's bf16
+    row. One loop over (expert, step), so PREFETCH runs on across the experts."""
+    t = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = GROUP // 2
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = rn < H
+    row_off = rn.to(tl.int64) * (I // 2)
+    steps = G // GPS
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    e = tl.load(ids_ptr + t * TOPK).to(tl.int64)
+    p, sc = _load_step(w_ptr + e * H * (I // 2) + row_off, s_ptr + e * H * G + rn * G, 0, n_ok, GPS, HALF)
+    for it in range(0, TOPK * steps):
+        pair = t * TOPK + it // steps
+        s = it % steps
+        nxt = it + 1
+        more = n_ok & (rn * 0 + nxt < TOPK * steps)
+        e_next = tl.load(ids_ptr + t * TOPK + nxt // steps, mask=nxt < TOPK * steps, other=0).to(tl.int64)
+        rows_next = w_ptr + e_next * H * (I // 2) + row_off
+        scales_next = s_ptr + e_next * H * G + rn * G
+        if PREFETCH:
+            p_next, sc_next = _load_step(rows_next, scales_next, nxt % steps, more, GPS, HALF)
+        lo, hi = _nibbles(p)
+        acc += tl.load(tw_ptr + pair) * _row_dot(lo, hi, sc.to(tl.float32), act_ptr + pair * I + s * GPS * GROUP,
+                                                 GPS, HALF)
+        if PREFETCH:
+            p, sc = p_next, sc_next
+        else:
+            p, sc = _load_step(rows_next, scales_next, nxt % steps, more, GPS, HALF)
+    if HAS_RES:
+        acc += tl.load(res_ptr + t * H + rn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)
+
+
+_TICKETS: dict = {}
+
+
+def _tickets(n: int, device: torch.device, which: str) -> torch.Tensor:
+    """Zeroed int32 counters kept between calls (each call leaves them at zero); grown, never shrunk."""
+    have = _TICKETS.get((device, which))
+    if have is None or have.numel() < n:
+        have = _TICKETS[(device, which)] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
+    return have
+
+
+def moe_config_for(m: int) -> dict:
+    return dict(moe_CONFIGS[min(moe_CONFIGS, key=lambda k: (abs(k - m), k))])
+
+
+def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: dict | None = None,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The experts' weighted sum [M, H] bf16 (plus `residual`, bf16 [M, H], where given: a layer's)."""
+    cfg = config or moe_config_for(x.shape[0])
+    if cfg.get("PATH", "tc") == "cc":
+        return _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg, residual)
+    out = _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg)
+    return out if residual is None else out + residual
+
+
+def _launch(cfg: dict, which: str, cuda: bool) -> dict:
+    return {"num_warps": int(cfg[f"warps_{which}"]), "num_stages": int(cfg[f"stages_{which}"])} if cuda else {}
+
+
+def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
+    """The pairs sorted by expert, cut into blocks of at most bt (see _route); the block count bound."""
+    dev = ids.device
+    max_blocks = min(E, n_pairs) + n_pairs // bt
+    spair = torch.empty(n_pairs, dtype=torch.int32, device=dev)
+    sexp = torch.empty(n_pairs, dtype=torch.int32, device=dev)
+    bstart = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    bexp = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    nblk = torch.empty(1, dtype=torch.int32, device=dev)
+    if n_pairs <= MAX_PAIRS:
+        _route[(1,)](ids, spair, sexp, bstart, bexp, nblk, n_pairs, NP=max(16, triton.next_power_of_2(n_pairs)),
+                     BT=bt)
+        return max_blocks, (spair, sexp, bstart, bexp, nblk)
+    # many pairs: ranks by an atomic count per expert (their order inside an expert's run varies from call
+    # to call; every pair's row is computed and summed alike wherever it sits, so the output does not)
+    counts = torch.zeros(E, dtype=torch.int32, device=dev)
+    rank = torch.empty(n_pairs, dtype=torch.int32, device=dev)
+    estart = torch.empty(E, dtype=torch.int32, device=dev)
+    bfirst = torch.empty(E, dtype=torch.int32, device=dev)
+    grid = (triton.cdiv(n_pairs, 1024),)
+    _count[grid](ids, counts, rank, n_pairs, BLOCK=1024)
+    _cut[(1,)](counts, estart, bfirst, bstart, bexp, nblk, E, max_blocks, EB=triton.next_power_of_2(E), BT=bt, CH=64)
+    _scatter[grid](ids, rank, estart, spair, sexp, n_pairs, BLOCK=1024)
+    return max_blocks, (spair, sexp, bstart, bexp, nblk)
+
+
+def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict, residual=None):
+    """The CUDA-core path: _gate_up_cc over blocks of one expert's pairs (BT = 1: every pair its own
+    block, no sort), _down_cc over tokens. Two launches (three when sorted)."""
+    M, H = x.shape
+    E, topk = w13.shape[0], topk_ids.shape[1]
+    I = w2.shape[-1] * 2
+    group = H // w13_scale.shape[-1]
+    n_pairs = M * topk
+    # groups a step: the tuned count where it divides the groups along K (the smoke model has fewer)
+    bt, gps_up, gps_down = int(cfg["BT"]), gcd(int(cfg["GPS_UP"]), H // group), gcd(int(cfg["GPS_DOWN"]), I // group)
+    cuda = x.device.type == "cuda"
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    if bt > 1:
+        blocks, route = _route_pairs(ids, n_pairs, E, bt)
+    else:
+        blocks, route = n_pairs, (ids,) * 5  # unused pointers
+    act = torch.empty(n_pairs, I, dtype=torch.float32, device=x.device)
+    bn_up, bn_down, prefetch = int(cfg["BN_UP"]), int(cfg["BN_DOWN"]), bool(cfg.get("PREFETCH", 0))
+    _gate_up_cc[(blocks, triton.cdiv(I, bn_up))](
+        x, w13, w13_scale, *route, ids, act, n_pairs, H, I, H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group,
+        GPS=gps_up, SORTED=bt > 1, PREFETCH=prefetch, **_launch(cfg, "up", cuda))
+    out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
+    _down_cc[(M, triton.cdiv(H, bn_down))](
+        act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, out, H, I,
+        I // group, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None, PREFETCH=prefetch,
+        **_launch(cfg, "down", cuda))
+    return out
+
+
+def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict) -> torch.Tensor:
+    M, H = x.shape
+    E, topk = w13.shape[0], topk_ids.shape[1]
+    I = w2.shape[-1] * 2
+    group = H // w13_scale.shape[-1]
+    n_pairs = M * topk
+    bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
+    split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
+    for name, split, groups in (("SPLIT_UP", split_up, H // group), ("SPLIT_DOWN", split_down, I // group)):
+        if groups % split:
+            raise ValueError(f"{name} = {split} must divide the {groups} quantisation groups along K")
+    f32 = x.device.type != "cuda"  # a CPU tensor runs only under Triton's interpreter
+    up_launch, down_launch = _launch(cfg, "up", not f32), _launch(cfg, "down", not f32)
+    dev = x.device
+    max_blocks, route = _route_pairs(topk_ids.reshape(-1).to(torch.int32), n_pairs, E, bt)
+    act = torch.empty(n_pairs, I, dtype=torch.bfloat16, device=dev)
+    up_tiles = triton.cdiv(I, bn_up)
+    parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
+    _gate_up[(max_blocks, up_tiles, split_up)](
+        x, w13, w13_scale, *route, act, parts, _tickets(max_blocks * up_tiles, dev, "up"), n_pairs, H, I,
+        H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, **up_launch)
+    down_tiles = triton.cdiv(H, bn_down)
+    out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
+    pair_out = torch.empty(split_down, n_pairs, H, dtype=torch.float32, device=dev)
+    _down[(max_blocks, down_tiles, split_down)](
+        act, w2, w2_scale, topk_weights.reshape(-1).float(), *route, pair_out,
+        _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, TOPK=topk, BT=bt, BN=bn_down,
+        GROUP=group, SPLIT=split_down, F32=f32, **down_launch)
+    return out
+
+
+def moe_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
+    return fused_moe(inputs["x"].contiguous(), inputs["topk_ids"].contiguous(), inputs["topk_weights"].contiguous(),
+                     inputs["w13"], inputs["w13_scale"], inputs["w2"], inputs["w2_scale"], config)
+
+
+# ---- from solutions/layer_ops.py ----
+
+@triton.jit
+def _to_bf16(v, F32: tl.constexpr):
+    return _bf16_rne(v) if F32 else v.to(tl.bfloat16)  # noqa: F821 - _bf16_rne: the MoE part's
+
+
+@triton.jit
+def _norm(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, H, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+          F32: tl.constexpr):
+    """out = rms(h) * w for the row h = x (+ res, stored as bf16 in h_ptr: the layer's residual stream)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < H
+    v = tl.load(x_ptr + row * H + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        h = _to_bf16(v + tl.load(res_ptr + row * H + cols, mask=ok, other=0.0).to(tl.float32), F32)
+        tl.store(h_ptr + row * H + cols, h, mask=ok)
+        v = h.to(tl.float32)
+    scale = tl.rsqrt(tl.sum(v * v, 0) / H + eps)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * H + cols, _to_bf16(v * scale * w, F32), mask=ok)
+
+
+@triton.jit
+def _rope_write(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, cu_ptr, bt_ptr, freq_ptr, bt_stride, B,
+                Hq: tl.constexpr, Hkv: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BB: tl.constexpr,
+                EXTEND: tl.constexpr, F32: tl.constexpr):
+    """Program (token t, head h): a query head rotated into q; a key head rotated into its cache slot, and
+    the value head of the same index copied beside it. Decode: token t is request t at pos_ptr[t]. EXTEND:
+    token t belongs to the request whose new tokens cu_ptr brackets it in, at that request's prefix
+    (pos_ptr[request]) plus its index among them. Angles in float64 from float64 frequencies (at position
+    65,535 float32 moves an angle by ~1e-2 rad)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    i = tl.arange(0, D // 2)
+    if EXTEND:
+        r = tl.arange(0, BB)
+        req = tl.sum((tl.load(cu_ptr + 1 + r, mask=r < B, other=1 << 30) <= t).to(tl.int32), 0)
+        p = t - tl.load(cu_ptr + req).to(tl.int64) + tl.load(pos_ptr + req).to(tl.int64)
+    else:
+        req = t
+        p = tl.load(pos_ptr + t).to(tl.int64)
+    angle = p.to(tl.float64) * tl.load(freq_ptr + i)
+    c = tl.cos(angle).to(tl.float32)
+    s = tl.sin(angle).to(tl.float32)
+    src = qkv_ptr + t * ((Hq + 2 * Hkv) * D) + h * D
+    a = tl.load(src + i).to(tl.float32)
+    b = tl.load(src + D // 2 + i).to(tl.float32)
+    first = _to_bf16(a * c - b * s, F32)
+    second = _to_bf16(b * c + a * s, F32)
+    if h < Hq:
+        dst = q_ptr + (t * Hq + h) * D
+    else:
+        slot = tl.load(bt_ptr + req * bt_stride + p // PAGE).to(tl.int64) * PAGE + p % PAGE
+        dst = k_ptr + (slot * Hkv + h - Hq) * D
+        d = tl.arange(0, D)
+        tl.store(v_ptr + (slot * Hkv + h - Hq) * D + d, tl.load(src + Hkv * D + d))
+    tl.store(dst + i, first)
+    tl.store(dst + D // 2 + i, second)
+
+
+@triton.jit
+def _topk(logits_ptr, ids_ptr, w_ptr, E, TOPK: tl.constexpr, EB: tl.constexpr):
+    """Softmax over the E logits of a token, its TOPK largest (the lowest id among equals), renormalised."""
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, EB)
+    z = tl.load(logits_ptr + t * E + e, mask=e < E, other=float("-inf")).to(tl.float32)
+    prob = tl.exp(z - tl.max(z, 0))
+    prob = tl.where(e < E, prob / tl.sum(prob, 0), -1.0)
+    k = tl.arange(0, TOPK)
+    ids = tl.zeros([TOPK], tl.int32)
+    ws = tl.zeros([TOPK], tl.float32)
+    for j in tl.static_range(TOPK):
+        top = tl.max(prob, 0)
+        at = tl.min(tl.where(prob == top, e, EB), 0)
+        ids = tl.where(k == j, at, ids)
+        ws = tl.where(k == j, top, ws)
+        prob = tl.where(e == at, -1.0, prob)
+    tl.store(ids_ptr + t * TOPK + k, ids)
+    tl.store(w_ptr + t * TOPK + k, ws / tl.sum(ws, 0))
+
+
+_FREQ: dict = {}
+
+
+def _frequencies(D: int, theta: float, device: torch.device) -> torch.Tensor:
+    """theta^(-2i/D), float64; kept from an eager call, never from inside a graph capture (whose memory is
+    the graph's)."""
+    got = _FREQ.get((D, theta, device))
+    if got is None:
+        got = theta ** (-torch.arange(0, D, 2, dtype=torch.float64, device=device) / D)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _FREQ[(D, theta, device)] = got
+    return got
+
+
+def _rms(x, weight, eps, f32, residual=None):
+    T, H = x.shape
+    out = torch.empty_like(x)
+    h = torch.empty_like(x) if residual is not None else out
+    _norm[(T,)](x, x if residual is None else residual, weight, out, h, H, float(eps), HAS_RES=residual is not None,
+                BLOCK=triton.next_power_of_2(H), F32=f32, **({} if f32 else {"num_warps": 8 if H >= 2048 else 4}))
+    return out, h
+
+
+def rope_write(qkv, k_cache, v_cache, block_table, pos, theta: float, Hq: int, cu_seqlens=None) -> torch.Tensor:
+    """q [T, Hq, D] bf16 rotated; the rotated K and the V of every token written into its cache slot. `pos`:
+    each token's position (decode), or with `cu_seqlens` each request's prefix length (extend)."""
+    T = qkv.shape[0]
+    _, page, Hkv, D = k_cache.shape
+    f32 = qkv.device.type != "cuda"
+    q = torch.empty(T, Hq, D, dtype=qkv.dtype, device=qkv.device)
+    B = block_table.shape[0]
+    _rope_write[(T, Hq + Hkv)](qkv, q, k_cache, v_cache, pos, pos if cu_seqlens is None else cu_seqlens, block_table,
+                               _frequencies(D, theta, qkv.device), block_table.stride(0), B, Hq=Hq, Hkv=Hkv, D=D,
+                               PAGE=page, BB=max(2, triton.next_power_of_2(B)), EXTEND=cu_seqlens is not None,
+                               F32=f32, **({} if f32 else {"num_warps": 1}))
+    return q
+
+
+def route(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32 [T, topk], weights float32 [T, topk]): softmax over the experts, top-k, renormalised."""
+    T, E = logits.shape
+    ids = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
+    weights = torch.empty(T, topk, dtype=torch.float32, device=logits.device)
+    _topk[(T,)](logits, ids, weights, E, TOPK=topk, EB=triton.next_power_of_2(E),
+                **({} if logits.device.type != "cuda" else {"num_warps": 1}))
+    return ids, weights
+
+
+# ---- the layer's own part: solutions/muse_prefill_layer/layer.py ----
+
+ATTENTION = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+PREFILL_MOE = {"PATH": "tc", "BT": 64, "BN_UP": 128, "SPLIT_UP": 1, "warps_up": 8, "stages_up": 3, "BN_DOWN": 128,
+               "SPLIT_DOWN": 1, "warps_down": 8, "stages_down": 3}
+
+
+@triton.jit
+def _attend(q, k_ptr, v_ptr, bt_row, qpos, start, end, m_i, l_i, acc, qk_scale, stride_kp, stride_ks,
+            kv_off, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+            F32: tl.constexpr):
+    """Keys start .. start + BLOCK_N - 1 (those below `end`) folded into the online softmax (log2 domain)."""
+    toks = start + tl.arange(0, BLOCK_N)
+    t_ok = toks < end
+    d = tl.arange(0, D)
+    pg = tl.load(bt_row + toks // PAGE, mask=t_ok, other=0).to(tl.int64)
+    at = pg[:, None] * stride_kp + (toks % PAGE)[:, None] * stride_ks + kv_off + d[None, :]
+    k = tl.load(k_ptr + at, mask=t_ok[:, None], other=0.0)
+    v = tl.load(v_ptr + at, mask=t_ok[:, None], other=0.0)
+    if F32:  # the interpreter's bf16 tl.dot is wrong
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASK:
+        s = tl.where((toks[None, :] <= qpos[:, None]) & t_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+
+
+@triton.jit
+def _extend(q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, cu_ptr, prefix_ptr, qk_scale, stride_kp, stride_ks, stride_kh,
+            stride_bt, n_mb, Hq: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F32: tl.constexpr):
+    """Program (query head h, query block, request b): new tokens m0 .. m0 + BLOCK_M - 1 of request b attend
+    to keys 0 .. P + m of their request (P its cached prefix), read through the block table."""
+    h = tl.program_id(0)
+    mb = n_mb - 1 - tl.program_id(1)
+    b = tl.program_id(2)
+    s0 = tl.load(cu_ptr + b)
+    n = tl.load(cu_ptr + b + 1) - s0
+    m0 = mb * BLOCK_M
+    if m0 >= n:
+        return
+    P = tl.load(prefix_ptr + b)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < n
+    d = tl.arange(0, D)
+    rows = (s0 + offs_m).to(tl.int64)[:, None] * (Hq * D) + h * D + d[None, :]
+    q = tl.load(q_ptr + rows, mask=m_ok[:, None], other=0.0)
+    if F32:
+        q = q.to(tl.float32)
+    qpos = P + offs_m
+    bt_row = bt_ptr + b * stride_bt
+    kv_off = (h // G) * stride_kh
+    free = ((P + m0) // BLOCK_N) * BLOCK_N  # every query of the block sees every key below this
+    end = P + tl.minimum(m0 + BLOCK_M, n)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start in range(0, free, BLOCK_N):
+        m_i, l_i, acc = _attend(q, k_ptr, v_ptr, bt_row, qpos, start, end, m_i, l_i, acc, qk_scale, stride_kp,
+                                stride_ks, kv_off, D, PAGE, BLOCK_N, False, F32)
+    for start in range(free, end, BLOCK_N):
+        m_i, l_i, acc = _attend(q, k_ptr, v_ptr, bt_row, qpos, start, end, m_i, l_i, acc, qk_scale, stride_kp,
+                                stride_ks, kv_off, D, PAGE, BLOCK_N, True, F32)
+    out = acc / l_i[:, None]  # every query sees at least itself
+    if F32:
+        tl.store(o_ptr + rows, out, mask=m_ok[:, None])
+    else:
+        tl.store(o_ptr + rows, out.to(tl.bfloat16), mask=m_ok[:, None])
+
+
+def extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, scale: float,
+                     cfg: dict = ATTENTION) -> torch.Tensor:
+    """o [T, Hq, D] bf16; the caches already hold the new tokens' K and V. The grid from shapes only."""
+    T, Hq, D = q.shape
+    _, page, Hkv, _ = k_cache.shape
+    B = prefix_lens.shape[0]
+    f32 = q.device.type != "cuda"
+    block_m, block_n = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
+    out = torch.empty(T, Hq, D, dtype=torch.float32 if f32 else q.dtype, device=q.device)
+    n_mb = triton.cdiv(T, block_m)
+    _extend[(Hq, n_mb, B)](
+        q, k_cache, v_cache, out, block_table, cu_seqlens, prefix_lens, float(scale) * math.log2(math.e),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0), n_mb, Hq=Hq, G=Hq // Hkv,
+        D=D, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n, F32=f32,
+        **({} if f32 else {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"])}))
+    return out.to(q.dtype)
+
+
+def custom_kernel(inputs: dict) -> torch.Tensor:
+    x, k_cache, v_cache, block_table = inputs["x"], inputs["k_cache"], inputs["v_cache"], inputs["block_table"]
+    cu_seqlens, prefix_lens = inputs["cu_seqlens"], inputs["prefix_lens"]
+    T, H = x.shape
+    D = k_cache.shape[3]
+    Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
+    eps = float(inputs["eps"])
+    f32 = x.device.type != "cuda"
+    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)  # noqa: F821 - the parts' names
+    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, v_cache, block_table, prefix_lens,  # noqa: F821
+                   float(inputs["theta"]), Hq, cu_seqlens=cu_seqlens)
+    o = extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, 1.0 / math.sqrt(D))
+    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)  # noqa: F821
+    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))  # noqa: F821
+    moe_config = PREFILL_MOE if T * ids.shape[1] > MAX_PAIRS else None  # noqa: F821
+    return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821
+                     inputs["w2_scale"], config=moe_config, residual=h)
