@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_session.sh probe fidelity walltime exploits tests official official1 light official2 heavy bias repeat5 repeat5x workspace noise placements guard flush toolchains
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
-# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer
+# Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -109,6 +109,18 @@ for what in "$@"; do
     solutions-layer) python3 solutions/build_layers.py && cp solutions/muse_decode_layer/submission.py "$OUT/solution-layer.py"
                      step solutions-official-layer 200 python3 benchmarks/official_eval.py --solutions \
                        --problem muse_decode_layer --timeout 190 --json "$OUT/solutions-layer.json" ;;
+    # Issue 18: the prefill layer's solution: its attention tiles and prefill MoE blocks searched (written into
+    # solutions/muse_prefill_layer/layer.py and rebuilt; keep both files), then evaluated.
+    solutions-prefill) step tune-solution-prefill 420 python3 benchmarks/tune_solutions.py muse_prefill_layer --write \
+                         --seconds 0.1 --json "$OUT/tune-solution-prefill.json"
+                       cp solutions/muse_prefill_layer/layer.py "$OUT/solution-prefill-layer.py" 2>/dev/null
+                       step solutions-official-prefill 170 python3 benchmarks/official_eval.py --solutions \
+                         --problem muse_prefill_layer --timeout 160 --json "$OUT/solutions-prefill.json" ;;
+    # Issue 18: every solution's official evaluation as the files stand (the H200's numbers for the board's row).
+    solutions-official-all) for p in muse_bf16_proj muse_attention_decode muse_moe_w4a16 muse_decode_layer muse_prefill_layer; do
+                              step solutions-official-$p 170 python3 benchmarks/official_eval.py --solutions --problem $p \
+                                --timeout 160 --json "$OUT/solutions-$p.json"
+                            done ;;
     # Issue 18: the attention's solution: its chunking searched (written into its CONFIGS; keep the file), then
     # evaluated as a competitor's submission with the official method, twice.
     solutions-attention) step tune-solution-attention 200 python3 benchmarks/tune_solutions.py muse_attention_decode \

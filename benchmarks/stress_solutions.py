@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from pipeline.kernel.check import compare  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
-from tune_solutions import SIZE, load_solution  # noqa: E402
+from tune_solutions import load_solution, size_of  # noqa: E402
 
 # Configurations that take the ticket path where the tuned one may not (SPLIT > 1).
 FORCED = {"muse_bf16_proj": [{"SPLIT": 2}, {"SPLIT": 4}], "muse_moe_w4a16": [{"SPLIT_UP": 4, "SPLIT_DOWN": 2}]}
@@ -78,7 +78,7 @@ def main() -> None:
         for shape in problem.shapes("full", kinds=("workload", "test") if args.all_shapes else ("workload",)):
             inputs = ref.make_inputs(shape, 7, "cuda")
             want = ref.reference(inputs)
-            base = solution.config_for(shape[SIZE.get(name, "M")])
+            base = solution.config_for(size_of(name, shape))
             for extra in [{}] + FORCED.get(name, []):
                 cfg = {**base, **extra}
                 r = stress(lambda s, cfg=cfg: solution.custom_kernel(s, cfg), inputs, want, tol, args.calls)

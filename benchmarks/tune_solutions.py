@@ -42,9 +42,20 @@ GRIDS = {
                        {"warps_down": [2, 4, 8], "stages_down": [2, 3]}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
                               {"num_warps": [4, 8], "num_stages": [2, 3, 4]}],
+    # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
+    "muse_prefill_layer": [{"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "attn_warps": [4, 8]},
+                           {"BT": [32, 64, 128], "BN_UP": [64, 128], "warps_up": [4, 8]},
+                           {"BN_DOWN": [64, 128], "warps_down": [4, 8], "stages_down": [2, 3]}],
 }
-# The workload's parameter a solution's CONFIGS are keyed by (its custom_kernel reads it off the inputs).
-SIZE = {"muse_attention_decode": "B"}
+# What a solution's CONFIGS are keyed by (its custom_kernel reads it off the inputs): a workload's parameter
+# (M when not named), or for the prefill layer the batch's new tokens.
+SIZE = {"muse_attention_decode": lambda shape: shape["B"],
+        "muse_prefill_layer": lambda shape: sum(int(n) for n in shape["new"])}
+
+
+def size_of(problem: str, shape) -> int:
+    """The key of `shape` in the solution's CONFIGS."""
+    return SIZE[problem](shape) if problem in SIZE else shape["M"]
 
 
 def load_solution(problem: str, path: Path | None = None):
@@ -88,7 +99,7 @@ def main() -> None:
         sets = [ref.make_inputs(shape, 100 + r, "cuda") for r in range(2)]
         floor = floor_us(ref.floor(shape), ceilings)
         base_us = time_us(ref.baseline, sets, args.seconds)
-        size = shape[SIZE.get(args.problem, "M")]
+        size = size_of(args.problem, shape)
         kept = solution.config_for(size)
         kept_us = time_us(lambda s: solution.custom_kernel(s), sets, args.seconds)
         print(f"{shape.name}: baseline {base_us:,.2f} us, kept {kept} {kept_us:,.2f} us, floor {floor:,.2f} us",
@@ -118,7 +129,11 @@ def main() -> None:
         del sets
         torch.cuda.empty_cache()
     if args.write:
-        write_configs(path, best)
+        own = path.parent / "layer.py"  # a layer's solution is generated: its CONFIGS live in layer.py
+        write_configs(own if own.is_file() else path, best)
+        if own.is_file():
+            import subprocess
+            subprocess.run([sys.executable, str(ROOT / "solutions" / "build_layers.py")], check=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     print("\n| workload | baseline us | kept us | best us | floor us | best / baseline speedup | config |\n"

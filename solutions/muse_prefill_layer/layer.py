@@ -8,7 +8,7 @@ tests/test_solutions.py fails while submission.py differs from the build.
 The layer: RMSNorm -> the QKV GEMM (cuBLAS) -> RoPE with the new K and V written into their cache slots ->
 causal paged attention (`_extend` below) -> the output GEMM (cuBLAS) -> the residual add with the second
 RMSNorm -> the router GEMM (cuBLAS) -> softmax-top-k -> the MoE solution (past 1,024 (token, expert) pairs
-routed by an atomic count per expert; tensor cores, PREFILL_MOE's blocks), the residual added at its end.
+routed by an atomic count per expert; tensor cores, CONFIGS' blocks), the residual added at its end.
 
 The attention differs from the baseline's (SGLang's Triton extend design) in three ways: the grid puts a
 KV group's query heads side by side (the fastest grid dimension), so the G = 5 programs reading the same
@@ -24,10 +24,18 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# attention tiles; the MoE's blocks at prefill sizes (tokens as the dot's narrow side, BT of them a block)
-ATTENTION = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-PREFILL_MOE = {"PATH": "tc", "BT": 64, "BN_UP": 128, "SPLIT_UP": 1, "warps_up": 8, "stages_up": 3, "BN_DOWN": 128,
-               "SPLIT_DOWN": 1, "warps_down": 8, "stages_down": 3}
+# new tokens in the batch (the nearest tuned) -> the attention's tiles and the MoE's blocks at prefill sizes
+# (tensor cores, the tokens as the dot's narrow side, BT of them a block). First guesses; searched on the GPU
+# by `python benchmarks/tune_solutions.py muse_prefill_layer --write` (written here, then rebuilt).
+CONFIGS = {
+    2048: {"BLOCK_M": 64, "BLOCK_N": 64, "attn_warps": 4, "attn_stages": 2, "PATH": "tc", "BT": 64, "BN_UP": 128,
+           "SPLIT_UP": 1, "warps_up": 8, "stages_up": 3, "BN_DOWN": 128, "SPLIT_DOWN": 1, "warps_down": 8,
+           "stages_down": 3},
+}
+
+
+def config_for(tokens: int) -> dict:
+    return dict(CONFIGS[min(CONFIGS, key=lambda k: (abs(k - tokens), k))])
 
 
 @triton.jit
@@ -97,8 +105,7 @@ def _extend(q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, cu_ptr, prefix_ptr, qk_scale, st
         tl.store(o_ptr + rows, out.to(tl.bfloat16), mask=m_ok[:, None])
 
 
-def extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, scale: float,
-                     cfg: dict = ATTENTION) -> torch.Tensor:
+def extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, scale: float, cfg: dict) -> torch.Tensor:
     """o [T, Hq, D] bf16; the caches already hold the new tokens' K and V. The grid from shapes only."""
     T, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
@@ -111,11 +118,11 @@ def extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, 
         q, k_cache, v_cache, out, block_table, cu_seqlens, prefix_lens, float(scale) * math.log2(math.e),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0), n_mb, Hq=Hq, G=Hq // Hkv,
         D=D, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n, F32=f32,
-        **({} if f32 else {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"])}))
+        **({} if f32 else {"num_warps": int(cfg["attn_warps"]), "num_stages": int(cfg["attn_stages"])}))
     return out.to(q.dtype)
 
 
-def custom_kernel(inputs: dict) -> torch.Tensor:
+def custom_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
     x, k_cache, v_cache, block_table = inputs["x"], inputs["k_cache"], inputs["v_cache"], inputs["block_table"]
     cu_seqlens, prefix_lens = inputs["cu_seqlens"], inputs["prefix_lens"]
     T, H = x.shape
@@ -123,12 +130,14 @@ def custom_kernel(inputs: dict) -> torch.Tensor:
     Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
     eps = float(inputs["eps"])
     f32 = x.device.type != "cuda"
+    cfg = config or config_for(T)
     xn, _ = _rms(x, inputs["attn_norm"], eps, f32)  # noqa: F821 - the parts' names
     q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, v_cache, block_table, prefix_lens,  # noqa: F821
                    float(inputs["theta"]), Hq, cu_seqlens=cu_seqlens)
-    o = extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, 1.0 / math.sqrt(D))
+    o = extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, 1.0 / math.sqrt(D), cfg)
     hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)  # noqa: F821
     ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))  # noqa: F821
-    moe_config = PREFILL_MOE if T * ids.shape[1] > MAX_PAIRS else None  # noqa: F821
+    # past the decode sizes the prefill blocks (the MoE's own CONFIGS are searched at 1-32 tokens)
+    moe_config = cfg if T * ids.shape[1] > MAX_PAIRS else None  # noqa: F821
     return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821
                      inputs["w2_scale"], config=moe_config, residual=h)
