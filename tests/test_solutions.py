@@ -79,8 +79,9 @@ def test_the_projection_s_every_tiling_is_right(split, bn, bk, monkeypatch):
 
 
 MOE_VARIANTS = [  # the two searched stages' extremes: split-K on either GEMM (ticket-finished), wide tiles, BT 32
-    {"BT": 16, "BN_UP": 32, "SPLIT_UP": 4, "BN_DOWN": 128, "SPLIT_DOWN": 2},
-    {"BT": 32, "BN_UP": 128, "SPLIT_UP": 1, "BN_DOWN": 32, "SPLIT_DOWN": 1},
+    {"PATH": "tc", "BT": 16, "BN_UP": 32, "SPLIT_UP": 4, "BN_DOWN": 128, "SPLIT_DOWN": 2},
+    {"PATH": "tc", "BT": 32, "BN_UP": 128, "SPLIT_UP": 1, "BN_DOWN": 32, "SPLIT_DOWN": 1},
+    {"PATH": "tc", "BT": 16, "BN_UP": 64, "SPLIT_UP": 2, "BN_DOWN": 64, "SPLIT_DOWN": 2, "ROWS": 1},  # tokens as the first operand
     # the CUDA-core path: unsorted (a block per pair), sorted blocks smaller than an expert's run, several
     # groups a step
     {"PATH": "cc", "BT": 1, "BN_UP": 16, "GPS_UP": 1, "BN_DOWN": 32, "GPS_DOWN": 2},

@@ -177,14 +177,20 @@ def _dequant(packed, scale):
 
 
 @triton.jit
-def _mac(acc, packed, scale, xt, F32: tl.constexpr):
+def _mac(acc, packed, scale, xt, F32: tl.constexpr, ROWS: tl.constexpr):
     """acc [BN, BT] + W [BN, GROUP] @ xt [GROUP, BT]: W the tile `packed` [BN, GROUP // 2] of one
-    quantisation group (low nibble first along K) times its scales `scale` [BN], rounded to bf16."""
+    quantisation group (low nibble first along K) times its scales `scale` [BN], rounded to bf16.
+    ROWS: the tokens as the dot's first operand instead, acc [BT, BN] + xt [BT, GROUP] @ W^T (the
+    production kernel's orientation; the tokens' rows load along K)."""
     if F32:
         q = tl.interleave((packed & 0xF).to(tl.int32) - 8, (packed >> 4).to(tl.int32) - 8).to(tl.float32)
         w = _bf16_rne(q * scale.to(tl.float32)[:, None]).to(tl.float32)
+        if ROWS:
+            return tl.dot(xt.to(tl.float32), tl.trans(w), acc)
         return tl.dot(w, xt.to(tl.float32), acc)
     lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape))
+    if ROWS:
+        return tl.dot(xt, tl.trans(tl.interleave(lo, hi)), acc)
     return tl.dot(tl.interleave(lo, hi), xt, acc)
 
 
@@ -201,7 +207,7 @@ def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constex
 @triton.jit
 def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
              ticket_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-             GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
+             GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
         return
@@ -216,16 +222,26 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
     up_rows = gate_rows + I * (H // 2)
     gate_s = s_ptr + e * (2 * I) * G + rn * G
     up_s = gate_s + I * G
-    acc_g = tl.zeros((BN, BT), dtype=tl.float32)
-    acc_u = tl.zeros((BN, BT), dtype=tl.float32)
+    if ROWS:
+        acc_g = tl.zeros((BT, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BT, BN), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BN, BT), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BT), dtype=tl.float32)
     sp = tl.program_id(2)
     for g in range(sp * (G // SPLIT), (sp + 1) * (G // SPLIT)):
-        xt = tl.load(x_ptr + tok[None, :] * H + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
+        if ROWS:
+            xt = tl.load(x_ptr + tok[:, None] * H + (g * GROUP + rk)[None, :], mask=mine[:, None], other=0.0)
+        else:
+            xt = tl.load(x_ptr + tok[None, :] * H + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
         cols = (g * (GROUP // 2) + half)[None, :]
         pg = tl.load(gate_rows + cols, mask=n_ok[:, None], other=0x88)
         pu = tl.load(up_rows + cols, mask=n_ok[:, None], other=0x88)
-        acc_g = _mac(acc_g, pg, tl.load(gate_s + g, mask=n_ok, other=0.0), xt, F32)
-        acc_u = _mac(acc_u, pu, tl.load(up_s + g, mask=n_ok, other=0.0), xt, F32)
+        acc_g = _mac(acc_g, pg, tl.load(gate_s + g, mask=n_ok, other=0.0), xt, F32, ROWS)
+        acc_u = _mac(acc_u, pu, tl.load(up_s + g, mask=n_ok, other=0.0), xt, F32, ROWS)
+    if ROWS:  # back to [BN, BT] for the epilogue
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     keep = n_ok[:, None] & mine[None, :]
     out_at = act_ptr + pair[None, :].to(tl.int64) * I + rn[:, None]
     if SPLIT == 1:
@@ -252,7 +268,7 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
 @triton.jit
 def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, part_ptr,
           ticket_ptr, out_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-          GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
+          GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
         return
@@ -265,12 +281,17 @@ def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_p
     half = tl.arange(0, GROUP // 2)
     rows = w_ptr + e * H * (I // 2) + rn[:, None].to(tl.int64) * (I // 2)
     scales = s_ptr + e * H * G + rn * G
-    acc = tl.zeros((BN, BT), dtype=tl.float32)
+    acc = tl.zeros((BT, BN) if ROWS else (BN, BT), dtype=tl.float32)
     sp = tl.program_id(2)
     for g in range(sp * (G // SPLIT), (sp + 1) * (G // SPLIT)):
-        at = tl.load(act_ptr + pair[None, :] * I + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
+        if ROWS:
+            at = tl.load(act_ptr + pair[:, None] * I + (g * GROUP + rk)[None, :], mask=mine[:, None], other=0.0)
+        else:
+            at = tl.load(act_ptr + pair[None, :] * I + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
         p = tl.load(rows + (g * (GROUP // 2) + half)[None, :], mask=n_ok[:, None], other=0x88)
-        acc = _mac(acc, p, tl.load(scales + g, mask=n_ok, other=0.0), at, F32)
+        acc = _mac(acc, p, tl.load(scales + g, mask=n_ok, other=0.0), at, F32, ROWS)
+    if ROWS:
+        acc = tl.trans(acc)
     acc = acc * tl.load(tw_ptr + pair, mask=mine, other=0.0)[None, :]
     keep = n_ok[:, None] & mine[None, :]
     stride = n_pairs * H
@@ -510,6 +531,7 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     n_pairs = M * topk
     bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
     split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
+    rows = bool(cfg.get("ROWS", 0))  # the tokens as the dot's first operand (the production orientation)
     for name, split, groups in (("SPLIT_UP", split_up, H // group), ("SPLIT_DOWN", split_down, I // group)):
         if groups % split:
             raise ValueError(f"{name} = {split} must divide the {groups} quantisation groups along K")
@@ -522,14 +544,14 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
     _gate_up[(max_blocks, up_tiles, split_up)](
         x, w13, w13_scale, *route, act, parts, _tickets(max_blocks * up_tiles, dev, "up"), n_pairs, H, I,
-        H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, **up_launch)
+        H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, **up_launch)
     down_tiles = triton.cdiv(H, bn_down)
     out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
     pair_out = torch.empty(split_down, n_pairs, H, dtype=torch.float32, device=dev)
     _down[(max_blocks, down_tiles, split_down)](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), *route, pair_out,
         _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, TOPK=topk, BT=bt, BN=bn_down,
-        GROUP=group, SPLIT=split_down, F32=f32, **down_launch)
+        GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, **down_launch)
     return out
 
 
