@@ -1,30 +1,40 @@
-"""The organizers' muse_moe_w4a16 (issue 18): the W4A16 experts in three Triton kernels, weights as the
-tensor cores' wide operand.
+"""The organizers' muse_moe_w4a16 (issue 18): the W4A16 experts in two or three Triton kernels, on the tensor
+cores or, where every expert sees one token, on the CUDA cores.
 
 At decode sizes (M = 1-32 tokens, 8 experts each) every used expert sees one to a few tokens, and the
 time is reading its int4 weights once. The production kernel (SGLang's fused_moe, the baseline) tiles
 tokens as the dot's M side, padded to 16 rows per expert, and runs five kernels (align, gate/up, SiLU,
-down, top-k sum). Here:
+down, top-k sum). Here, per M (CONFIGS, searched on the GPU by `python benchmarks/tune_solutions.py
+muse_moe_w4a16 --write`):
 
-1. `_route` (one program): the (token, expert) pairs sorted by expert with one `tl.sort` of the keys
-   expert * NP + pair, each expert's run cut into blocks of at most BT pairs; a block is (its first
-   sorted position, its expert), so nothing is padded and the grid is bounded by min(E, pairs) +
-   pairs / BT blocks.
-2. `_gate_up`: per block and BN columns of the intermediate, acc[BN, BT] = W[BN, K] @ x^T[K, BT]: the
-   dequantised weight tile is the dot's first operand (BN = 64-128 rows; the tokens are the narrow
-   side), unpacked four bytes per 32-bit word in PTX (the bf16 pattern 0x4300 or'ed onto each nibble is
-   128 + n; minus 136, times the scale: bf16x2 arithmetic, one rounding of the product). SiLU(gate) * up
-   fused. With SPLIT_UP > 1 the K range is shared and the last program of a tile to take its ticket adds
-   the fp32 parts in split order and applies the SiLU (deterministic, no second kernel).
+PATH "tc", the tensor cores:
+1. `_route` (one program, up to MAX_PAIRS pairs): the (token, expert) pairs sorted by expert with one
+   `tl.sort` of the keys expert * NP + pair, each expert's run cut into blocks of at most BT pairs; a block
+   is (its first sorted position, its expert), so nothing is padded and the grid is bounded by
+   min(E, pairs) + pairs / BT blocks. More pairs (prefill): `_count` ranks each pair among its expert's by
+   an atomic count, `_cut` scans the counts and cuts the runs into blocks, `_scatter` places the pairs.
+2. `_gate_up`: per block and BN columns of the intermediate, acc[BN, BT] = W[BN, K] @ x^T[K, BT] (or, ROWS,
+   acc[BT, BN] = x[BT, K] @ W^T: the production orientation), the int4 nibbles unpacked four bytes per
+   32-bit word in PTX (the bf16 pattern 0x4300 or'ed onto each nibble is 128 + n; minus 136, times the
+   scale: bf16x2 arithmetic, one rounding of the product). SiLU(gate) * up fused. With SPLIT_UP > 1 the K
+   range is shared and the last program of a tile to take its ticket adds the fp32 parts in split order
+   and applies the SiLU (deterministic, no second kernel).
 3. `_down`: the same over K = I, each pair's row scaled by its top-k weight and written as an fp32 part;
    the last of a token's TOPK * SPLIT_DOWN parts to arrive (a ticket per token and column tile) sums them
    in a fixed order and stores the token's bf16 row: the top-k reduction needs no kernel of its own.
+   Tickets are int32 counters kept between calls; the program that finishes a tile sets its counter back
+   to zero, so every call (and every CUDA-graph replay) starts from zero.
 
-Tickets are int32 counters kept between calls; the program that finishes a tile sets its counter back to
-zero, so every call (and every CUDA-graph replay) starts from zero. Block sizes per M are data (CONFIGS),
-searched on the H200 under the evaluator's timing (`python benchmarks/tune_solutions.py muse_moe_w4a16`).
-On a CPU (Triton's interpreter: no PTX, a wrong bf16 dot) the dots run in float32 and the bf16 roundings
-are done by hand.
+PATH "cc", the CUDA cores (M1: one token an expert, the tensor cores' tile would be 15/16 padding):
+`_gate_up_cc` unpacks BN gate and up rows into float32 (a nibble or'ed into the float pattern of 2^23 is
+2^23 + n; one subtraction of 2^23 + 8) and dots them with each of its block's tokens, SiLU fused;
+`_down_cc` walks a token's TOPK experts in a fixed order and stores its row once (an optional residual
+added). PREFETCH issues the next step's loads before this step's arithmetic (Triton pipelines only the
+loads that feed a tl.dot).
+
+Every kernel takes a weight row's bytes as an argument (ROW), so the JIT sees its divisibility by 16 and
+loads 16 bytes a thread. On a CPU (Triton's interpreter: no PTX, a wrong bf16 dot) the dots run in float32
+and the bf16 roundings are done by hand.
 """
 
 from math import gcd
@@ -189,16 +199,19 @@ def _mac(acc, packed, scale, xt, F32: tl.constexpr, ROWS: tl.constexpr):
     quantisation group (low nibble first along K) times its scales `scale` [BN], rounded to bf16.
     ROWS: the tokens as the dot's first operand instead, acc [BT, BN] + xt [BT, GROUP] @ W^T (the
     production kernel's orientation; the tokens' rows load along K)."""
+    # (if / else, never an early return: Triton's compiler would also build the code after a returning branch)
     if F32:
         q = tl.interleave((packed & 0xF).to(tl.int32) - 8, (packed >> 4).to(tl.int32) - 8).to(tl.float32)
         w = _bf16_rne(q * scale.to(tl.float32)[:, None]).to(tl.float32)
-        if ROWS:
-            return tl.dot(xt.to(tl.float32), tl.trans(w), acc)
-        return tl.dot(w, xt.to(tl.float32), acc)
-    lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape))
+        xt = xt.to(tl.float32)
+    else:
+        lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape))
+        w = tl.interleave(lo, hi)
     if ROWS:
-        return tl.dot(xt, tl.trans(tl.interleave(lo, hi)), acc)
-    return tl.dot(tl.interleave(lo, hi), xt, acc)
+        out = tl.dot(xt, tl.trans(w), acc)
+    else:
+        out = tl.dot(w, xt, acc)
+    return out
 
 
 @triton.jit
@@ -213,7 +226,7 @@ def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constex
 
 @triton.jit
 def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
-             ticket_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+             ticket_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
              GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
@@ -225,8 +238,8 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
     n_ok = rn < I
     rk = tl.arange(0, GROUP)
     half = tl.arange(0, GROUP // 2)
-    gate_rows = w_ptr + e * (2 * I) * (H // 2) + rn[:, None].to(tl.int64) * (H // 2)
-    up_rows = gate_rows + I * (H // 2)
+    gate_rows = w_ptr + e * (2 * I) * ROW + rn[:, None].to(tl.int64) * ROW
+    up_rows = gate_rows + I * ROW
     gate_s = s_ptr + e * (2 * I) * G + rn * G
     up_s = gate_s + I * G
     if ROWS:
@@ -274,7 +287,7 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
 
 @triton.jit
 def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, part_ptr,
-          ticket_ptr, out_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+          ticket_ptr, out_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
           GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
@@ -286,7 +299,7 @@ def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_p
     n_ok = rn < H
     rk = tl.arange(0, GROUP)
     half = tl.arange(0, GROUP // 2)
-    rows = w_ptr + e * H * (I // 2) + rn[:, None].to(tl.int64) * (I // 2)
+    rows = w_ptr + e * H * ROW + rn[:, None].to(tl.int64) * ROW
     scales = s_ptr + e * H * G + rn * G
     acc = tl.zeros((BT, BN) if ROWS else (BN, BT), dtype=tl.float32)
     sp = tl.program_id(2)
@@ -350,8 +363,8 @@ def _load_step(rows, scales, s, ok, GPS: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _gate_up_cc(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, ids_ptr, act_ptr,
-                n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr,
-                GPS: tl.constexpr, SORTED: tl.constexpr, PREFETCH: tl.constexpr):
+                n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                GROUP: tl.constexpr, GPS: tl.constexpr, SORTED: tl.constexpr, PREFETCH: tl.constexpr):
     """CUDA cores, no tensor-core tile: per block (one expert, its `cnt` <= BT pairs) and BN rows of the
     intermediate, the gate and up rows are unpacked once per step into float32 and dotted with each pair's
     token in turn; SiLU(gate) * up stored in float32. Unsorted (SORTED = 0): a block is one pair.
@@ -370,8 +383,8 @@ def _gate_up_cc(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, 
     HALF: tl.constexpr = GROUP // 2
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = rn < I
-    gate_rows = w_ptr + e * (2 * I) * (H // 2) + rn.to(tl.int64) * (H // 2)
-    up_rows = gate_rows + I * (H // 2)
+    gate_rows = w_ptr + e * (2 * I) * ROW + rn.to(tl.int64) * ROW
+    up_rows = gate_rows + I * ROW
     gate_s = s_ptr + e * (2 * I) * G + rn * G
     up_s = gate_s + I * G
     slot = tl.arange(0, BT)
@@ -408,7 +421,7 @@ def _gate_up_cc(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, 
 
 
 @triton.jit
-def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, TOPK: tl.constexpr,
+def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, ROW, TOPK: tl.constexpr,
              BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr, HAS_RES: tl.constexpr,
              PREFETCH: tl.constexpr):
     """CUDA cores: per token and BN output columns, the token's TOPK experts one after the other (a fixed
@@ -419,18 +432,18 @@ def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, 
     HALF: tl.constexpr = GROUP // 2
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = rn < H
-    row_off = rn.to(tl.int64) * (I // 2)
+    row_off = rn.to(tl.int64) * ROW
     steps = G // GPS
     acc = tl.zeros((BN,), dtype=tl.float32)
     e = tl.load(ids_ptr + t * TOPK).to(tl.int64)
-    p, sc = _load_step(w_ptr + e * H * (I // 2) + row_off, s_ptr + e * H * G + rn * G, 0, n_ok, GPS, HALF)
+    p, sc = _load_step(w_ptr + e * H * ROW + row_off, s_ptr + e * H * G + rn * G, 0, n_ok, GPS, HALF)
     for it in range(0, TOPK * steps):
         pair = t * TOPK + it // steps
         s = it % steps
         nxt = it + 1
         more = n_ok & (rn * 0 + nxt < TOPK * steps)
         e_next = tl.load(ids_ptr + t * TOPK + nxt // steps, mask=nxt < TOPK * steps, other=0).to(tl.int64)
-        rows_next = w_ptr + e_next * H * (I // 2) + row_off
+        rows_next = w_ptr + e_next * H * ROW + row_off
         scales_next = s_ptr + e_next * H * G + rn * G
         if PREFETCH:
             p_next, sc_next = _load_step(rows_next, scales_next, nxt % steps, more, GPS, HALF)
@@ -520,13 +533,13 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     act = torch.empty(n_pairs, I, dtype=torch.float32, device=x.device)
     bn_up, bn_down, prefetch = int(cfg["BN_UP"]), int(cfg["BN_DOWN"]), bool(cfg.get("PREFETCH", 0))
     _gate_up_cc[(blocks, triton.cdiv(I, bn_up))](
-        x, w13, w13_scale, *route, ids, act, n_pairs, H, I, H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group,
+        x, w13, w13_scale, *route, ids, act, n_pairs, H, I, H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group,
         GPS=gps_up, SORTED=bt > 1, PREFETCH=prefetch, **_launch(cfg, "up", cuda))
     out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
     _down_cc[(M, triton.cdiv(H, bn_down))](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, out, H, I,
-        I // group, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None, PREFETCH=prefetch,
-        **_launch(cfg, "down", cuda))
+        I // group, I // 2, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None,
+        PREFETCH=prefetch, **_launch(cfg, "down", cuda))
     return out
 
 
@@ -551,13 +564,13 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
     _gate_up[(max_blocks, up_tiles, split_up)](
         x, w13, w13_scale, *route, act, parts, _tickets(max_blocks * up_tiles, dev, "up"), n_pairs, H, I,
-        H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, **up_launch)
+        H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, **up_launch)
     down_tiles = triton.cdiv(H, bn_down)
     out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
     pair_out = torch.empty(split_down, n_pairs, H, dtype=torch.float32, device=dev)
     _down[(max_blocks, down_tiles, split_down)](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), *route, pair_out,
-        _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, TOPK=topk, BT=bt, BN=bn_down,
+        _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, I // 2, TOPK=topk, BT=bt, BN=bn_down,
         GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, **down_launch)
     return out
 

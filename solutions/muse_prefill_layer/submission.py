@@ -182,16 +182,19 @@ def _mac(acc, packed, scale, xt, F32: tl.constexpr, ROWS: tl.constexpr):
     quantisation group (low nibble first along K) times its scales `scale` [BN], rounded to bf16.
     ROWS: the tokens as the dot's first operand instead, acc [BT, BN] + xt [BT, GROUP] @ W^T (the
     production kernel's orientation; the tokens' rows load along K)."""
+    # (if / else, never an early return: Triton's compiler would also build the code after a returning branch)
     if F32:
         q = tl.interleave((packed & 0xF).to(tl.int32) - 8, (packed >> 4).to(tl.int32) - 8).to(tl.float32)
         w = _bf16_rne(q * scale.to(tl.float32)[:, None]).to(tl.float32)
-        if ROWS:
-            return tl.dot(xt.to(tl.float32), tl.trans(w), acc)
-        return tl.dot(w, xt.to(tl.float32), acc)
-    lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape))
+        xt = xt.to(tl.float32)
+    else:
+        lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape))
+        w = tl.interleave(lo, hi)
     if ROWS:
-        return tl.dot(xt, tl.trans(tl.interleave(lo, hi)), acc)
-    return tl.dot(tl.interleave(lo, hi), xt, acc)
+        out = tl.dot(xt, tl.trans(w), acc)
+    else:
+        out = tl.dot(w, xt, acc)
+    return out
 
 
 @triton.jit
@@ -206,7 +209,7 @@ def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constex
 
 @triton.jit
 def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
-             ticket_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+             ticket_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
              GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
@@ -218,8 +221,8 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
     n_ok = rn < I
     rk = tl.arange(0, GROUP)
     half = tl.arange(0, GROUP // 2)
-    gate_rows = w_ptr + e * (2 * I) * (H // 2) + rn[:, None].to(tl.int64) * (H // 2)
-    up_rows = gate_rows + I * (H // 2)
+    gate_rows = w_ptr + e * (2 * I) * ROW + rn[:, None].to(tl.int64) * ROW
+    up_rows = gate_rows + I * ROW
     gate_s = s_ptr + e * (2 * I) * G + rn * G
     up_s = gate_s + I * G
     if ROWS:
@@ -267,7 +270,7 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
 
 @triton.jit
 def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, part_ptr,
-          ticket_ptr, out_ptr, n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+          ticket_ptr, out_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
           GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
@@ -279,7 +282,7 @@ def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_p
     n_ok = rn < H
     rk = tl.arange(0, GROUP)
     half = tl.arange(0, GROUP // 2)
-    rows = w_ptr + e * H * (I // 2) + rn[:, None].to(tl.int64) * (I // 2)
+    rows = w_ptr + e * H * ROW + rn[:, None].to(tl.int64) * ROW
     scales = s_ptr + e * H * G + rn * G
     acc = tl.zeros((BT, BN) if ROWS else (BN, BT), dtype=tl.float32)
     sp = tl.program_id(2)
@@ -343,8 +346,8 @@ def _load_step(rows, scales, s, ok, GPS: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _gate_up_cc(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, ids_ptr, act_ptr,
-                n_pairs, H, I, G, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr,
-                GPS: tl.constexpr, SORTED: tl.constexpr, PREFETCH: tl.constexpr):
+                n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                GROUP: tl.constexpr, GPS: tl.constexpr, SORTED: tl.constexpr, PREFETCH: tl.constexpr):
     """CUDA cores, no tensor-core tile: per block (one expert, its `cnt` <= BT pairs) and BN rows of the
     intermediate, the gate and up rows are unpacked once per step into float32 and dotted with each pair's
     token in turn; SiLU(gate) * up stored in float32. Unsorted (SORTED = 0): a block is one pair.
@@ -363,8 +366,8 @@ def _gate_up_cc(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, 
     HALF: tl.constexpr = GROUP // 2
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = rn < I
-    gate_rows = w_ptr + e * (2 * I) * (H // 2) + rn.to(tl.int64) * (H // 2)
-    up_rows = gate_rows + I * (H // 2)
+    gate_rows = w_ptr + e * (2 * I) * ROW + rn.to(tl.int64) * ROW
+    up_rows = gate_rows + I * ROW
     gate_s = s_ptr + e * (2 * I) * G + rn * G
     up_s = gate_s + I * G
     slot = tl.arange(0, BT)
@@ -401,7 +404,7 @@ def _gate_up_cc(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, 
 
 
 @triton.jit
-def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, TOPK: tl.constexpr,
+def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, ROW, TOPK: tl.constexpr,
              BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr, HAS_RES: tl.constexpr,
              PREFETCH: tl.constexpr):
     """CUDA cores: per token and BN output columns, the token's TOPK experts one after the other (a fixed
@@ -412,18 +415,18 @@ def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, 
     HALF: tl.constexpr = GROUP // 2
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = rn < H
-    row_off = rn.to(tl.int64) * (I // 2)
+    row_off = rn.to(tl.int64) * ROW
     steps = G // GPS
     acc = tl.zeros((BN,), dtype=tl.float32)
     e = tl.load(ids_ptr + t * TOPK).to(tl.int64)
-    p, sc = _load_step(w_ptr + e * H * (I // 2) + row_off, s_ptr + e * H * G + rn * G, 0, n_ok, GPS, HALF)
+    p, sc = _load_step(w_ptr + e * H * ROW + row_off, s_ptr + e * H * G + rn * G, 0, n_ok, GPS, HALF)
     for it in range(0, TOPK * steps):
         pair = t * TOPK + it // steps
         s = it % steps
         nxt = it + 1
         more = n_ok & (rn * 0 + nxt < TOPK * steps)
         e_next = tl.load(ids_ptr + t * TOPK + nxt // steps, mask=nxt < TOPK * steps, other=0).to(tl.int64)
-        rows_next = w_ptr + e_next * H * (I // 2) + row_off
+        rows_next = w_ptr + e_next * H * ROW + row_off
         scales_next = s_ptr + e_next * H * G + rn * G
         if PREFETCH:
             p_next, sc_next = _load_step(rows_next, scales_next, nxt % steps, more, GPS, HALF)
@@ -513,13 +516,13 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     act = torch.empty(n_pairs, I, dtype=torch.float32, device=x.device)
     bn_up, bn_down, prefetch = int(cfg["BN_UP"]), int(cfg["BN_DOWN"]), bool(cfg.get("PREFETCH", 0))
     _gate_up_cc[(blocks, triton.cdiv(I, bn_up))](
-        x, w13, w13_scale, *route, ids, act, n_pairs, H, I, H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group,
+        x, w13, w13_scale, *route, ids, act, n_pairs, H, I, H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group,
         GPS=gps_up, SORTED=bt > 1, PREFETCH=prefetch, **_launch(cfg, "up", cuda))
     out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
     _down_cc[(M, triton.cdiv(H, bn_down))](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, out, H, I,
-        I // group, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None, PREFETCH=prefetch,
-        **_launch(cfg, "down", cuda))
+        I // group, I // 2, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None,
+        PREFETCH=prefetch, **_launch(cfg, "down", cuda))
     return out
 
 
@@ -544,13 +547,13 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
     _gate_up[(max_blocks, up_tiles, split_up)](
         x, w13, w13_scale, *route, act, parts, _tickets(max_blocks * up_tiles, dev, "up"), n_pairs, H, I,
-        H // group, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, **up_launch)
+        H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, **up_launch)
     down_tiles = triton.cdiv(H, bn_down)
     out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
     pair_out = torch.empty(split_down, n_pairs, H, dtype=torch.float32, device=dev)
     _down[(max_blocks, down_tiles, split_down)](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), *route, pair_out,
-        _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, TOPK=topk, BT=bt, BN=bn_down,
+        _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, I // 2, TOPK=topk, BT=bt, BN=bn_down,
         GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, **down_launch)
     return out
 

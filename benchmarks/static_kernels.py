@@ -1,0 +1,162 @@
+"""What the compiler makes of the MoE kernels, without a GPU (issue 18): each kernel compiled for sm_90
+(Hopper) by the Triton installed here, its cubin read with the bundled cuobjdump: registers a thread,
+stack (spills), shared memory, how its global loads are vectorised (ld.global.v4 = 16 bytes a thread) and
+whether they are pipelined (cp.async: Triton pipelines the loads that feed a tl.dot).
+Registers bound the programs an SM holds, so the loads a program keeps in flight; narrow loads multiply the
+load instructions. A first look between GPU sessions, not a timing: the runner's Triton (3.6) may
+allocate differently from this one, and every claim still needs the GPU's numbers.
+
+    python benchmarks/static_kernels.py [--json OUT]
+
+The integer arguments are given Triton's divisibility-by-16 specialisation where the full model's values
+have it (H 5,120, I 1,536, the rows' bytes 2,560 and 768, the pair counts), as the JIT gives them at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "reference"))
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+DIVISIBLE = {"H", "I", "ROW", "n_pairs"}  # the full model's values are multiples of 16
+POINTERS = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*bf16", "act_ptr": "*fp32", "tw_ptr": "*fp32",
+            "res_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32"}
+
+
+def _module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointers: dict | None = None,
+                   scalars: dict | None = None) -> dict:
+    """Compile `fn` for sm_90 with these constexprs; its resources and load widths. `pointers` and `scalars`
+    name the types of the arguments that are not the MoE's usual pointers or i32."""
+    names = fn.arg_names
+    types = {**POINTERS, **(pointers or {})}
+    scalars = scalars or {}
+    signature, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in constexprs:
+            signature[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            signature[n] = types.get(n, "*i32")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[n] = scalars.get(n, "i32")
+            if n in DIVISIBLE:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
+                    attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        dump = subprocess.run([str(BIN / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    use = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", dump, re.S)
+    ptx = kernel.asm["ptx"]
+    return {"registers": int(use[1]), "stack": int(use[2]), "shared": int(use[3]),
+            "ld_v4": ptx.count("ld.global.v4"), "ld_v2": ptx.count("ld.global.v2"),
+            "ld": len(re.findall(r"ld\.global", ptx)), "cp_async": ptx.count("cp.async")}
+
+
+def rows() -> list[dict]:
+    solution = _module(ROOT / "solutions" / "muse_moe_w4a16" / "submission.py", "solution_moe")
+    import _fused_moe_w4a16 as base  # noqa: E402 - the baseline's kernels
+
+    out = []
+
+    def add(what, fn, const, warps, stages, **kw):
+        try:
+            r = compile_report(fn, const, warps, stages, **kw)
+        except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported
+            r = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+        out.append({"kernel": what, "config": {**const, "num_warps": warps, "num_stages": stages}, **r})
+        print(json.dumps(out[-1]), flush=True)
+
+    moe = dict(TOPK=8, GROUP=128)
+    for bn, gps, pf, w, s in [(32, 4, 0, 4, 3), (16, 2, 0, 4, 3), (16, 2, 1, 4, 3), (8, 2, 1, 2, 2)]:
+        add("solution _gate_up_cc", solution._gate_up_cc,
+            {**moe, "BT": 1, "BN": bn, "GPS": gps, "SORTED": False, "PREFETCH": pf}, w, s)
+    for bn, gps, pf, w, s in [(8, 4, 0, 4, 3), (16, 2, 1, 4, 3), (32, 2, 1, 4, 3)]:
+        add("solution _down_cc", solution._down_cc,
+            {**moe, "BN": bn, "GPS": gps, "HAS_RES": False, "PREFETCH": pf}, w, s)
+    for rows_, bn, w, s in [(0, 64, 2, 2), (1, 64, 2, 2), (0, 128, 4, 3), (1, 128, 4, 3)]:
+        add("solution _gate_up (tensor cores)", solution._gate_up,
+            {**moe, "BT": 16, "BN": bn, "SPLIT": 2, "F32": False, "ROWS": rows_}, w, s)
+        add("solution _down (tensor cores)", solution._down,
+            {**moe, "BT": 16, "BN": bn, "SPLIT": 1, "F32": False, "ROWS": rows_}, w, s,
+            pointers={"act_ptr": "*bf16", "out_ptr": "*bf16"})
+    # the layers' own kernels, as their generated submissions define them
+    decode = _module(ROOT / "solutions" / "muse_decode_layer" / "submission.py", "solution_decode_layer")
+    prefill = _module(ROOT / "solutions" / "muse_prefill_layer" / "submission.py", "solution_prefill_layer")
+    bf16 = {n: "*bf16" for n in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "h_ptr", "qkv_ptr", "q_ptr", "k_ptr",
+                                 "v_ptr", "o_ptr", "logits_ptr")}
+    add("layers _norm", decode._norm, {"HAS_RES": True, "BLOCK": 8192, "F32": False}, 8, 1, pointers=bf16,
+        scalars={"eps": "fp32"})
+    for extend in (False, True):
+        add(f"layers _rope_write (extend {extend})", decode._rope_write,
+            {"Hq": 40, "Hkv": 8, "D": 128, "PAGE": 16, "BB": 4, "EXTEND": extend, "F32": False}, 1, 1,
+            pointers={**bf16, "freq_ptr": "*fp64"})
+    add("layers _topk", decode._topk, {"TOPK": 8, "EB": 128}, 1, 1, pointers={**bf16, "w_ptr": "*fp32"})
+    add("prefill _extend", prefill._extend, {"Hq": 40, "G": 5, "D": 128, "PAGE": 16, "BLOCK_M": 64, "BLOCK_N": 64,
+                                              "F32": False}, 4, 2, pointers=bf16, scalars={"qk_scale": "fp32"})
+    attention = decode.attn_config_for(32)
+    add("attention _decode (B32)", decode._decode,
+        {"G": 5, "G_PAD": 16, "D": 128, "PAGE": 16, "CHUNK": attention["CHUNK"], "BLOCK_N": attention["BLOCK_N"],
+         "F32": False}, attention["num_warps"], attention["num_stages"],
+        pointers={**bf16, "acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32"}, scalars={"qk_scale": "fp32"})
+    if getattr(base, "triton", None) is not None:
+        for m in (1, 16):
+            cfg = base.config_for(m)
+            kinds = {"SCHEME": cfg["SCHEME"], "DEQ": cfg["DEQ"]}
+            add(f"baseline _gate_up (M{m})", base._gate_up,
+                {"TOPK": 8, "E": 128, "BM": cfg["BM"], "BN": cfg["BN"], "GROUP": 128, **kinds,
+                 "SPLIT": cfg.get("SPLIT_UP", 1), "F32": False}, cfg["num_warps"], cfg["num_stages"],
+                pointers={"act_ptr": "*bf16"})
+            add(f"baseline _down (M{m})", base._down,
+                {"E": 128, "BM": cfg["BM"], "BN": cfg["BN"], "GROUP": 128, **kinds,
+                 "SPLIT": cfg.get("SPLIT_DOWN", 1), "F32": False}, cfg["num_warps"], cfg["num_stages"],
+                pointers={"act_ptr": "*bf16", "out_ptr": "*fp32"})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    out = rows()
+    print(f"\nTriton {triton.__version__}, sm_90\n\n| kernel | configuration | registers | stack | ld.global v4 / v2 / all | cp.async |\n"
+          "| --- | --- | --- | --- | --- | --- |")
+    for r in out:
+        cfg = ", ".join(f"{k} {v}" for k, v in r["config"].items() if k not in ("TOPK", "GROUP", "E", "F32"))
+        if "error" in r:
+            print(f"| {r['kernel']} | {cfg} | {r['error']} | | | |")
+        else:
+            print(f"| {r['kernel']} | {cfg} | {r['registers']} | {r['stack']} | {r['ld_v4']} / {r['ld_v2']} / {r['ld']} "
+                  f"| {r['cp_async']} |")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
