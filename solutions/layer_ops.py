@@ -1,10 +1,14 @@
 """The layers' small fused ops (issue 18), a part of the organizers' layer solutions: RMSNorm (with the
-residual add), RoPE with the new K/V written into their cache slots (decode and extend), softmax-top-k.
+residual add), RoPE with the new K/V written into their cache slots (decode and extend), softmax-top-k, and
+`layer`, the decoder layer around a layer's own attention.
 Placed into solutions/<layer>/submission.py by `python solutions/build_layers.py`; `_bf16_rne` is the MoE
 part's. fp32 inside every kernel; on a CPU (Triton's interpreter, whose float32 -> bf16 cast truncates) the
 kernels round to bf16 by hand."""
 
+import math
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -136,3 +140,25 @@ def route(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     _topk[(T,)](logits, ids, weights, E, TOPK=topk, EB=triton.next_power_of_2(E),
                 **({} if logits.device.type != "cuda" else {"num_warps": 1}))
     return ids, weights
+
+
+def layer(inputs: dict, attend, pos, cu_seqlens=None, moe_config: dict | None = None) -> torch.Tensor:
+    """The layer's output [T, H] bf16: RMSNorm -> the QKV GEMM (cuBLAS) -> RoPE with the new K and V written
+    into their cache slots -> attend(q [T, Hq, D] bf16, scale) -> [T, Hq, D] bf16 (reading the caches after
+    the write) -> the output GEMM -> the residual add with the second RMSNorm -> the router GEMM -> softmax-
+    top-k -> the MoE solution (`moe_config`, or its own for the token count), the residual added in its last
+    kernel. `pos` and `cu_seqlens` as rope_write takes them."""
+    x, k_cache = inputs["x"], inputs["k_cache"]
+    T = x.shape[0]
+    D = k_cache.shape[3]
+    Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
+    eps = float(inputs["eps"])
+    f32 = x.device.type != "cuda"
+    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)
+    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, inputs["v_cache"], inputs["block_table"], pos,
+                   float(inputs["theta"]), Hq, cu_seqlens=cu_seqlens)
+    o = attend(q, 1.0 / math.sqrt(D))
+    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)
+    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))
+    return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821 - the MoE part's
+                     inputs["w2_scale"], config=moe_config, residual=h)

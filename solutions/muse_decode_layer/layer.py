@@ -13,25 +13,12 @@ kernel -> the router GEMM (cuBLAS) -> softmax-top-k renormalised (one program pe
 solution, the residual added in its last kernel. fp32 inside every kernel, bf16 between them.
 """
 
-import math
-
 import torch
-import torch.nn.functional as F
 
 
 def custom_kernel(inputs: dict) -> torch.Tensor:
-    x, k_cache, v_cache = inputs["x"], inputs["k_cache"], inputs["v_cache"]
-    T, H = x.shape
-    D = k_cache.shape[3]
-    Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
-    eps = float(inputs["eps"])
-    f32 = x.device.type != "cuda"
-    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)  # noqa: F821 - the parts' names
-    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, v_cache, inputs["block_table"],  # noqa: F821
-                   inputs["positions"], float(inputs["theta"]), Hq)
-    o = attn_kernel({"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": inputs["block_table"],  # noqa: F821
-                     "seq_lens": inputs["seq_lens"], "scale": 1.0 / math.sqrt(D)})
-    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)  # noqa: F821
-    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))  # noqa: F821
-    return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821
-                     inputs["w2_scale"], residual=h)
+    def attend(q, scale):
+        return attn_kernel({"q": q, "k_cache": inputs["k_cache"], "v_cache": inputs["v_cache"],  # noqa: F821
+                            "block_table": inputs["block_table"], "seq_lens": inputs["seq_lens"], "scale": scale})
+
+    return layer(inputs, attend, inputs["positions"])  # noqa: F821 - layer_ops' layer

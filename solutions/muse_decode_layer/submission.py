@@ -584,6 +584,13 @@ def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: d
     return out if residual is None else out + residual
 
 
+def _dims(x, topk_ids, w13, w13_scale, w2) -> tuple[int, ...]:
+    """M, H, E, topk, I, group, the pair count: read off the inputs' shapes."""
+    M, H = x.shape
+    topk = topk_ids.shape[1]
+    return M, H, w13.shape[0], topk, w2.shape[-1] * 2, H // w13_scale.shape[-1], M * topk
+
+
 def _launch(cfg: dict, which: str, cuda: bool) -> dict:
     return {"num_warps": int(cfg[f"warps_{which}"]), "num_stages": int(cfg[f"stages_{which}"])} if cuda else {}
 
@@ -617,11 +624,7 @@ def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
 def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict, residual=None):
     """The CUDA-core path: _gate_up_cc over blocks of one expert's pairs (BT = 1: every pair its own
     block, no sort), _down_cc over tokens. Two launches (three when sorted)."""
-    M, H = x.shape
-    E, topk = w13.shape[0], topk_ids.shape[1]
-    I = w2.shape[-1] * 2
-    group = H // w13_scale.shape[-1]
-    n_pairs = M * topk
+    M, H, E, topk, I, group, n_pairs = _dims(x, topk_ids, w13, w13_scale, w2)
     # groups a step: the tuned count where it divides the groups along K (the smoke model has fewer)
     bt, gps_up, gps_down = int(cfg["BT"]), gcd(int(cfg["GPS_UP"]), H // group), gcd(int(cfg["GPS_DOWN"]), I // group)
     cuda = x.device.type == "cuda"
@@ -644,11 +647,7 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
 
 
 def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict) -> torch.Tensor:
-    M, H = x.shape
-    E, topk = w13.shape[0], topk_ids.shape[1]
-    I = w2.shape[-1] * 2
-    group = H // w13_scale.shape[-1]
-    n_pairs = M * topk
+    M, H, E, topk, I, group, n_pairs = _dims(x, topk_ids, w13, w13_scale, w2)
     bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
     split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
     rows = bool(cfg.get("ROWS", 0))  # the tokens as the dot's first operand (the production orientation)
@@ -811,21 +810,33 @@ def route(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, weights
 
 
-# ---- the layer's own part: solutions/muse_decode_layer/layer.py ----
-
-def custom_kernel(inputs: dict) -> torch.Tensor:
-    x, k_cache, v_cache = inputs["x"], inputs["k_cache"], inputs["v_cache"]
-    T, H = x.shape
+def layer(inputs: dict, attend, pos, cu_seqlens=None, moe_config: dict | None = None) -> torch.Tensor:
+    """The layer's output [T, H] bf16: RMSNorm -> the QKV GEMM (cuBLAS) -> RoPE with the new K and V written
+    into their cache slots -> attend(q [T, Hq, D] bf16, scale) -> [T, Hq, D] bf16 (reading the caches after
+    the write) -> the output GEMM -> the residual add with the second RMSNorm -> the router GEMM -> softmax-
+    top-k -> the MoE solution (`moe_config`, or its own for the token count), the residual added in its last
+    kernel. `pos` and `cu_seqlens` as rope_write takes them."""
+    x, k_cache = inputs["x"], inputs["k_cache"]
+    T = x.shape[0]
     D = k_cache.shape[3]
     Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
     eps = float(inputs["eps"])
     f32 = x.device.type != "cuda"
-    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)  # noqa: F821 - the parts' names
-    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, v_cache, inputs["block_table"],  # noqa: F821
-                   inputs["positions"], float(inputs["theta"]), Hq)
-    o = attn_kernel({"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": inputs["block_table"],  # noqa: F821
-                     "seq_lens": inputs["seq_lens"], "scale": 1.0 / math.sqrt(D)})
-    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)  # noqa: F821
-    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))  # noqa: F821
-    return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821
-                     inputs["w2_scale"], residual=h)
+    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)
+    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, inputs["v_cache"], inputs["block_table"], pos,
+                   float(inputs["theta"]), Hq, cu_seqlens=cu_seqlens)
+    o = attend(q, 1.0 / math.sqrt(D))
+    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)
+    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))
+    return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821 - the MoE part's
+                     inputs["w2_scale"], config=moe_config, residual=h)
+
+
+# ---- the layer's own part: solutions/muse_decode_layer/layer.py ----
+
+def custom_kernel(inputs: dict) -> torch.Tensor:
+    def attend(q, scale):
+        return attn_kernel({"q": q, "k_cache": inputs["k_cache"], "v_cache": inputs["v_cache"],  # noqa: F821
+                            "block_table": inputs["block_table"], "seq_lens": inputs["seq_lens"], "scale": scale})
+
+    return layer(inputs, attend, inputs["positions"])  # noqa: F821 - layer_ops' layer

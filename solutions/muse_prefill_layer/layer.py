@@ -20,7 +20,6 @@ two loops, the keys every query of the block sees without a mask, then the diago
 import math
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -123,21 +122,14 @@ def extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, 
 
 
 def custom_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
-    x, k_cache, v_cache, block_table = inputs["x"], inputs["k_cache"], inputs["v_cache"], inputs["block_table"]
-    cu_seqlens, prefix_lens = inputs["cu_seqlens"], inputs["prefix_lens"]
-    T, H = x.shape
-    D = k_cache.shape[3]
-    Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
-    eps = float(inputs["eps"])
-    f32 = x.device.type != "cuda"
+    T = inputs["x"].shape[0]
     cfg = config or config_for(T)
-    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)  # noqa: F821 - the parts' names
-    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, v_cache, block_table, prefix_lens,  # noqa: F821
-                   float(inputs["theta"]), Hq, cu_seqlens=cu_seqlens)
-    o = extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, 1.0 / math.sqrt(D), cfg)
-    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)  # noqa: F821
-    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))  # noqa: F821
+
+    def attend(q, scale):
+        return extend_attention(q, inputs["k_cache"], inputs["v_cache"], inputs["block_table"], inputs["cu_seqlens"],
+                                inputs["prefix_lens"], scale, cfg)
+
     # past the decode sizes the prefill blocks (the MoE's own CONFIGS are searched at 1-32 tokens)
-    moe_config = cfg if T * ids.shape[1] > MAX_PAIRS else None  # noqa: F821
-    return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821
-                     inputs["w2_scale"], config=moe_config, residual=h)
+    moe_config = cfg if T * int(inputs["topk"]) > MAX_PAIRS else None  # noqa: F821 - the MoE part's
+    return layer(inputs, attend, inputs["prefix_lens"], cu_seqlens=inputs["cu_seqlens"],  # noqa: F821
+                 moe_config=moe_config)

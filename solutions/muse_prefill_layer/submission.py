@@ -467,6 +467,13 @@ def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: d
     return out if residual is None else out + residual
 
 
+def _dims(x, topk_ids, w13, w13_scale, w2) -> tuple[int, ...]:
+    """M, H, E, topk, I, group, the pair count: read off the inputs' shapes."""
+    M, H = x.shape
+    topk = topk_ids.shape[1]
+    return M, H, w13.shape[0], topk, w2.shape[-1] * 2, H // w13_scale.shape[-1], M * topk
+
+
 def _launch(cfg: dict, which: str, cuda: bool) -> dict:
     return {"num_warps": int(cfg[f"warps_{which}"]), "num_stages": int(cfg[f"stages_{which}"])} if cuda else {}
 
@@ -500,11 +507,7 @@ def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
 def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict, residual=None):
     """The CUDA-core path: _gate_up_cc over blocks of one expert's pairs (BT = 1: every pair its own
     block, no sort), _down_cc over tokens. Two launches (three when sorted)."""
-    M, H = x.shape
-    E, topk = w13.shape[0], topk_ids.shape[1]
-    I = w2.shape[-1] * 2
-    group = H // w13_scale.shape[-1]
-    n_pairs = M * topk
+    M, H, E, topk, I, group, n_pairs = _dims(x, topk_ids, w13, w13_scale, w2)
     # groups a step: the tuned count where it divides the groups along K (the smoke model has fewer)
     bt, gps_up, gps_down = int(cfg["BT"]), gcd(int(cfg["GPS_UP"]), H // group), gcd(int(cfg["GPS_DOWN"]), I // group)
     cuda = x.device.type == "cuda"
@@ -527,11 +530,7 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
 
 
 def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict) -> torch.Tensor:
-    M, H = x.shape
-    E, topk = w13.shape[0], topk_ids.shape[1]
-    I = w2.shape[-1] * 2
-    group = H // w13_scale.shape[-1]
-    n_pairs = M * topk
+    M, H, E, topk, I, group, n_pairs = _dims(x, topk_ids, w13, w13_scale, w2)
     bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
     split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
     rows = bool(cfg.get("ROWS", 0))  # the tokens as the dot's first operand (the production orientation)
@@ -694,6 +693,28 @@ def route(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, weights
 
 
+def layer(inputs: dict, attend, pos, cu_seqlens=None, moe_config: dict | None = None) -> torch.Tensor:
+    """The layer's output [T, H] bf16: RMSNorm -> the QKV GEMM (cuBLAS) -> RoPE with the new K and V written
+    into their cache slots -> attend(q [T, Hq, D] bf16, scale) -> [T, Hq, D] bf16 (reading the caches after
+    the write) -> the output GEMM -> the residual add with the second RMSNorm -> the router GEMM -> softmax-
+    top-k -> the MoE solution (`moe_config`, or its own for the token count), the residual added in its last
+    kernel. `pos` and `cu_seqlens` as rope_write takes them."""
+    x, k_cache = inputs["x"], inputs["k_cache"]
+    T = x.shape[0]
+    D = k_cache.shape[3]
+    Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
+    eps = float(inputs["eps"])
+    f32 = x.device.type != "cuda"
+    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)
+    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, inputs["v_cache"], inputs["block_table"], pos,
+                   float(inputs["theta"]), Hq, cu_seqlens=cu_seqlens)
+    o = attend(q, 1.0 / math.sqrt(D))
+    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)
+    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))
+    return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821 - the MoE part's
+                     inputs["w2_scale"], config=moe_config, residual=h)
+
+
 # ---- the layer's own part: solutions/muse_prefill_layer/layer.py ----
 
 CONFIGS = {
@@ -792,21 +813,14 @@ def extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, 
 
 
 def custom_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
-    x, k_cache, v_cache, block_table = inputs["x"], inputs["k_cache"], inputs["v_cache"], inputs["block_table"]
-    cu_seqlens, prefix_lens = inputs["cu_seqlens"], inputs["prefix_lens"]
-    T, H = x.shape
-    D = k_cache.shape[3]
-    Hq = inputs["wqkv"].shape[0] // D - 2 * k_cache.shape[2]
-    eps = float(inputs["eps"])
-    f32 = x.device.type != "cuda"
+    T = inputs["x"].shape[0]
     cfg = config or config_for(T)
-    xn, _ = _rms(x, inputs["attn_norm"], eps, f32)  # noqa: F821 - the parts' names
-    q = rope_write(F.linear(xn, inputs["wqkv"]), k_cache, v_cache, block_table, prefix_lens,  # noqa: F821
-                   float(inputs["theta"]), Hq, cu_seqlens=cu_seqlens)
-    o = extend_attention(q, k_cache, v_cache, block_table, cu_seqlens, prefix_lens, 1.0 / math.sqrt(D), cfg)
-    hn, h = _rms(F.linear(o.reshape(T, Hq * D), inputs["wo"]), inputs["ffn_norm"], eps, f32, residual=x)  # noqa: F821
-    ids, weights = route(F.linear(hn, inputs["router"]), int(inputs["topk"]))  # noqa: F821
+
+    def attend(q, scale):
+        return extend_attention(q, inputs["k_cache"], inputs["v_cache"], inputs["block_table"], inputs["cu_seqlens"],
+                                inputs["prefix_lens"], scale, cfg)
+
     # past the decode sizes the prefill blocks (the MoE's own CONFIGS are searched at 1-32 tokens)
-    moe_config = cfg if T * ids.shape[1] > MAX_PAIRS else None  # noqa: F821
-    return fused_moe(hn, ids, weights, inputs["w13"], inputs["w13_scale"], inputs["w2"],  # noqa: F821
-                     inputs["w2_scale"], config=moe_config, residual=h)
+    moe_config = cfg if T * int(inputs["topk"]) > MAX_PAIRS else None  # noqa: F821 - the MoE part's
+    return layer(inputs, attend, inputs["prefix_lens"], cu_seqlens=inputs["cu_seqlens"],  # noqa: F821
+                 moe_config=moe_config)
