@@ -484,6 +484,13 @@ def fused_moe(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, config: d
     return out if residual is None else out + residual
 
 
+def _dims(x, topk_ids, w13, w13_scale, w2) -> tuple[int, ...]:
+    """M, H, E, topk, I, group, the pair count: read off the inputs' shapes."""
+    M, H = x.shape
+    topk = topk_ids.shape[1]
+    return M, H, w13.shape[0], topk, w2.shape[-1] * 2, H // w13_scale.shape[-1], M * topk
+
+
 def _launch(cfg: dict, which: str, cuda: bool) -> dict:
     return {"num_warps": int(cfg[f"warps_{which}"]), "num_stages": int(cfg[f"stages_{which}"])} if cuda else {}
 
@@ -517,11 +524,7 @@ def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
 def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict, residual=None):
     """The CUDA-core path: _gate_up_cc over blocks of one expert's pairs (BT = 1: every pair its own
     block, no sort), _down_cc over tokens. Two launches (three when sorted)."""
-    M, H = x.shape
-    E, topk = w13.shape[0], topk_ids.shape[1]
-    I = w2.shape[-1] * 2
-    group = H // w13_scale.shape[-1]
-    n_pairs = M * topk
+    M, H, E, topk, I, group, n_pairs = _dims(x, topk_ids, w13, w13_scale, w2)
     # groups a step: the tuned count where it divides the groups along K (the smoke model has fewer)
     bt, gps_up, gps_down = int(cfg["BT"]), gcd(int(cfg["GPS_UP"]), H // group), gcd(int(cfg["GPS_DOWN"]), I // group)
     cuda = x.device.type == "cuda"
@@ -544,11 +547,7 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
 
 
 def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: dict) -> torch.Tensor:
-    M, H = x.shape
-    E, topk = w13.shape[0], topk_ids.shape[1]
-    I = w2.shape[-1] * 2
-    group = H // w13_scale.shape[-1]
-    n_pairs = M * topk
+    M, H, E, topk, I, group, n_pairs = _dims(x, topk_ids, w13, w13_scale, w2)
     bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
     split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
     rows = bool(cfg.get("ROWS", 0))  # the tokens as the dot's first operand (the production orientation)
