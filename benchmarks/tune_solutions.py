@@ -29,6 +29,7 @@ from pipeline.kernel.evaluate import device_ceilings, floor_us  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
 from tune_fused_moe import time_us  # noqa: E402
 
+MAX_SIZE = "max_size"  # a stage's optional bound: it runs only for the CONFIGS keys (sizes) up to this one
 # Each problem's search, in stages: a stage searches its grid with every other key at the best found so
 # far (the kept configuration first), so the MoE's two GEMMs are searched one after the other, not as a
 # product.
@@ -37,12 +38,15 @@ GRIDS = {
                         "num_stages": [4, 6]}],
     # the tensor-core path's orientation (ROWS: the tokens as the dot's first operand; with 4 warps its kernels
     # hold 88-127 registers, as the baseline's, against 128-194 for ROWS 0: benchmarks/static_kernels.py), then
-    # the CUDA-core path (PATH cc); each later stage tunes whichever is best so far
+    # the CUDA-core path (PATH cc); each later stage tunes whichever is best so far. The CUDA-core GEMV's
+    # arithmetic grows with the pairs (no tensor cores), so its stages run at the few-token sizes alone
+    # (MAX_SIZE: M16's 128 pairs took 1.0 ms on it against the tensor cores' 0.45, twelfth session).
     "muse_moe_w4a16": [{"ROWS": [0, 1], "SPLIT_UP": [1, 2], "warps_up": [2, 4], "warps_down": [2, 4]},
-                       {"PATH": ["cc"], "BT": [1, 8], "BN_UP": [8, 16, 32], "GPS_UP": [1, 2, 4], "BN_DOWN": [16]},
-                       {"PREFETCH": [0, 1], "warps_up": [2, 4, 8], "stages_up": [2, 3]},
-                       {"BN_DOWN": [8, 16, 32, 64], "GPS_DOWN": [1, 2, 4]},
-                       {"warps_down": [2, 4, 8], "stages_down": [2, 3]}],
+                       {"PATH": ["cc"], "BT": [1], "BN_UP": [4, 8, 16, 32], "GPS_UP": [2, 4, 8], "PREFETCH": [0, 1],
+                        "BN_DOWN": [16], MAX_SIZE: 8},
+                       {"warps_up": [2, 4, 8], "stages_up": [2, 3], MAX_SIZE: 8},
+                       {"BN_DOWN": [4, 8, 16, 32], "GPS_DOWN": [1, 2, 4], MAX_SIZE: 8},
+                       {"warps_down": [2, 4, 8], "stages_down": [2, 3], MAX_SIZE: 8}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
                               {"num_warps": [4, 8], "num_stages": [2, 3, 4]}],
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
@@ -110,6 +114,9 @@ def main() -> None:
         results = [(kept_us, kept)]
         current = dict(kept)
         for stage in grid:
+            stage = dict(stage)
+            if size > stage.pop(MAX_SIZE, size):
+                continue
             for values in itertools.product(*stage.values()):
                 cfg = {**current, **dict(zip(stage, values))}
                 if cfg == current and len(results) > 1:

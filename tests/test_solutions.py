@@ -191,3 +191,22 @@ def test_the_solutions_kernels_compile_for_hopper(tmp_path):
     failed = [f"{r['kernel']} {r['config']}: {r['error']}" for r in rows if "error" in r]
     assert not failed, "\n".join(failed)
     assert len(rows) >= 20 and all(r["registers"] > 0 for r in rows)
+
+
+def test_every_searched_key_is_one_its_solution_reads():
+    """benchmarks/tune_solutions.py's grids name configuration keys; a solution reads its configuration by
+    name (cfg["BN_UP"], cfg.get("PREFETCH", 0)) and ignores a key it does not know, so a misspelt key in a
+    grid would spend GPU time timing one configuration over and over. Every key searched must be one the
+    solution (or, for a layer, its layer.py and the parts it is built from) names in quotes."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tune_solutions
+
+    for problem, stages in tune_solutions.GRIDS.items():
+        text = (ROOT / "solutions" / problem / "submission.py").read_text()
+        for stage in stages:
+            for key in stage:
+                if key == tune_solutions.MAX_SIZE:
+                    continue
+                assert f'"{key}"' in text, f"tune_solutions.GRIDS[{problem!r}] searches {key!r}, which {problem}'s solution never reads"
