@@ -15,8 +15,10 @@ import argparse
 import importlib.util
 import itertools
 import json
+import math
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -95,6 +97,9 @@ def main() -> None:
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--seconds", type=float, default=0.3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--budget", type=float, help="seconds for the whole search (device time is scarce): each "
+                    "workload gets its share, what one leaves passes on, and a search out of time keeps the best "
+                    "found so far and still writes it")
     args = ap.parse_args()
     problem = load_problem(args.problem)
     ref = problem.reference
@@ -102,7 +107,14 @@ def main() -> None:
     ceilings = device_ceilings()
     grid = GRIDS[args.problem]
     rows, best = [], {}
-    for shape in problem.shapes("full", kinds=("workload",)):
+    shapes = problem.shapes("full", kinds=("workload",))
+    # each workload's share of --budget in proportion to the configurations its stages search
+    counts = [sum(math.prod(len(v) for k, v in stage.items() if k != MAX_SIZE) for stage in grid
+                  if size_of(args.problem, shape) <= stage.get(MAX_SIZE, math.inf)) for shape in shapes]
+    start = time.monotonic()
+    for index, shape in enumerate(shapes):
+        share = sum(counts[:index + 1]) / sum(counts)
+        deadline = start + args.budget * share if args.budget else math.inf
         sets = [ref.make_inputs(shape, 100 + r, "cuda") for r in range(2)]
         floor = floor_us(ref.floor(shape), ceilings)
         base_us = time_us(ref.baseline, sets, args.seconds)
@@ -121,6 +133,9 @@ def main() -> None:
                 cfg = {**current, **dict(zip(stage, values))}
                 if cfg == current and len(results) > 1:
                     continue
+                if time.monotonic() > deadline:
+                    print(f"  out of --budget: {cfg} and the rest of {shape.name}'s search not timed", flush=True)
+                    break
                 try:
                     us = time_us(lambda s, cfg=cfg: solution.custom_kernel(s, cfg), sets, args.seconds)
                 except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is skipped
