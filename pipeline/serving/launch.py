@@ -60,6 +60,7 @@ HEALTH_POLL_S = 0.25
 WATCH_S = 0.1  # how often a client call checks the server and its wall clock
 CANCEL_GRACE_S = 10.0  # a cancelled client call gets this long to unwind before it is abandoned
 LAUNCH_FILE = os.path.abspath(__file__)
+REPLICAS_FILE = os.path.join(os.path.dirname(LAUNCH_FILE), "replicas.py")  # a data-parallel template's router
 
 
 # ---- the delay knob's wrapper: this file run as a script inside the sandbox (stdlib + uvicorn only) ----
@@ -276,6 +277,8 @@ def render(template: "LaunchTemplate", *, tree: Path, model: str | None, port: i
     device = resolve_device(template)
     values = {"python": sys.executable, "port": str(port), "gpus": str(template.gpus), "tree": str(tree),
               "device": device}
+    if template.data_parallel:  # each replica's {port} is filled by replicas.py, one free port each
+        del values["port"]
     if model is not None:
         values["model"] = model
     if template.context_length is not None:
@@ -290,6 +293,10 @@ def render(template: "LaunchTemplate", *, tree: Path, model: str | None, port: i
             readable.append(LAUNCH_FILE)
         else:
             argv += [fill(a, {**values, "delay_ms": f"{delay_ms:g}"}) for a in template.slowdown]
+    if template.data_parallel:
+        argv = [sys.executable, REPLICAS_FILE, "--replicas", str(template.gpus), "--port", str(port), "--ready",
+                template.ready, "--device", device, "--", *argv]
+        readable.append(REPLICAS_FILE)
     env = base_env()
     for name in template.passthrough:
         if name in environ:

@@ -97,6 +97,8 @@ TEMPLATE_KEYS = {
                       'continuous batching: the first request sets every later one\'s logits processors)'),
     "slowdown": (False, '"asgi" or extra arguments holding {delay_ms}: how evaluate\'s test-only delay knob '
                         'slows this server'),
+    "data_parallel": (False, "true: {gpus} replicas of argv, one a GPU, behind {port} (pipeline/serving/replicas.py), "
+                             "for an engine with no tensor parallelism of its own"),
 }
 
 
@@ -120,6 +122,7 @@ class LaunchTemplate:
     context_length: int | None = None
     warmup: str | None = None
     slowdown: str | tuple[str, ...] | None = None
+    data_parallel: bool = False
 
     @property
     def runs_patch(self) -> bool:
@@ -207,12 +210,18 @@ def launch_template(pin: Pin, name: str) -> LaunchTemplate:
     if slowdown == "asgi" and argv[1:2] != ("-m",):
         raise PinError(f"{where}: slowdown \"asgi\" runs `{{python}} -m MODULE ...` through our wrapper; argv must "
                        "start that way")
+    data_parallel = table.get("data_parallel", False)
+    if not isinstance(data_parallel, bool):
+        raise PinError(f"{where} data_parallel: true or false, not {data_parallel!r}")
+    if data_parallel and not any("{port}" in a for a in argv):
+        raise PinError(f"{where}: data_parallel starts one replica a GPU, each on a port of its own: argv must "
+                       "name {port}")
     template = LaunchTemplate(
         name=name, engine=table["engine"], argv=argv, version=table["version"], gpus=gpus, device=table["device"],
         ready=table["ready"], ready_timeout_s=float(timeout), tokenizer=table["tokenizer"], env=dict(env),
         passthrough=strings("passthrough", table.get("passthrough", [])),
         readable=strings("readable", table.get("readable", [])), model_env=model_env, context_length=context,
-        warmup=warmup, slowdown=slowdown)
+        warmup=warmup, slowdown=slowdown, data_parallel=data_parallel)
     if template.needs_model and model_env is None:
         raise PinError(f"{where}: it names {{model}} but sets no model_env (where the runner keeps the model's path)")
     return template

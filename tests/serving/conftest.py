@@ -101,21 +101,25 @@ def tiny_dataset(path: Path, conversations: int = 6, turns: int = 4, max_tokens:
 
 
 def scripted_template(script: dict | None = None, name: str = "scripted", ready_timeout_s: float = 20,
-                      warmup: str | None = "plain", tag: str | None = None) -> str:
+                      warmup: str | None = "plain", tag: str | None = None, gpus: int = 1,
+                      data_parallel: bool = False) -> str:
     """A [launch.<name>] table that serves tests/serving/scripted_server.py from the tree it is given
-    (so that a patch adding python/sglang/srt/_scripted.json changes the candidate's server)."""
+    (so that a patch adding python/sglang/srt/_scripted.json changes the candidate's server); with
+    `data_parallel`, `gpus` replicas of it behind one address (pipeline/serving/replicas.py)."""
     import json
 
     script = {"words_from": "prompt", **(script or {})}
     argv = ["{python}", str(SCRIPTED), "--port", "{port}", "--tree", "{tree}", "--script", json.dumps(script)]
     if tag:  # a word on its command line, so a test can find every process of its own servers
         argv += ["--tag", tag]
-    lines = [f"[launch.{name}]", 'engine = "sglang"', 'version = "aiohttp"', "gpus = 1", 'device = "cpu"',
+    lines = [f"[launch.{name}]", 'engine = "sglang"', 'version = "aiohttp"', f"gpus = {gpus}", 'device = "cpu"',
              f"argv = {json.dumps(argv)}", 'tokenizer = "pinned"', f'readable = ["{{tree}}", {json.dumps(str(SCRIPTED))}, {json.dumps(str(CHILD_SERVER))}]',
              'ready = "/health"', f"ready_timeout_s = {ready_timeout_s}",
              'slowdown = ["--chunk-delay-ms", "{delay_ms}"]']
     if warmup:
         lines.append(f'warmup = "{warmup}"')
+    if data_parallel:
+        lines.append("data_parallel = true")
     return "\n".join(lines) + "\n"
 
 

@@ -73,11 +73,13 @@ def test_the_launch_templates_are_data(sglang_pin):
     assert sglang.gpus == 8 and sglang.engine == "sglang" and sglang.device == "cuda" and sglang.runs_patch
     assert sglang.env["PYTHONPATH"] == "{tree}/python" and sglang.env["NCCL_NVLS_ENABLE"] == "0"
     assert sglang.model_env == "PIPELINE_SERVING_MODEL" and sglang.tokenizer == "pinned"
-    for name in ("transformers", "transformers-cpu"):
+    for name in ("transformers", "transformers-cpu", "transformers-x8"):
         tf = pin_stage.launch_template(sglang_pin, name)
         assert tf.argv[:4] == ("{python}", "-m", "transformers.cli.transformers", "serve") and "{port}" in tf.argv
         assert tf.engine == "transformers" and tf.warmup == "suppress_special" and not tf.runs_patch
         assert tf.ready == sglang.ready == "/health"
+        assert tf.data_parallel == (name == "transformers-x8") and tf.gpus == (8 if tf.data_parallel else 1)
+    assert not sglang.data_parallel  # SGLang spreads over its 8 GPUs itself (--tp {gpus})
 
 
 def test_a_filled_template_is_the_command_the_node_runs(sglang_pin, tmp_path):
