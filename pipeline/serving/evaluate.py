@@ -444,6 +444,7 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
     outputs: dict[tuple[str, int], list[int]] = {}
     accuracy = None
     what = "its launch"
+    clean_exit = False
     try:
         try:
             server.start()
@@ -518,13 +519,39 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
         except gsm8k.GSM8KError as exc:
             raise CandidateFailure("runtime_error", f"{name}, GSM8K: {exc}. {_advice(side, 'gsm8k')}",
                                    server.log_tail()) from None
+        clean_exit = True
     finally:
         server.stop()
         if inputs.records is not None:
             inputs.records.mkdir(parents=True, exist_ok=True)
             (inputs.records / f"block{block + 1}-{side}-server.log").write_text(server.log_tail(1 << 20))
         _say(progress, f"{name}: stopped" + (f" ({server.killed} more processes of it killed)" if server.killed else ""))
+    if clean_exit and server.command is not None and server.command.device == "cuda":
+        _gpus_clear(name, environment, progress)  # a failed block stops the evaluation; the runner's check follows
     return sweeps, outputs, accuracy
+
+
+def _gpus_clear(name: str, environment: dict[str, Any], progress) -> None:
+    """Every GPU of the node free again after a block's server stopped (NVML; issue 19: on 8 GPUs a replica
+    or a tensor-parallel worker that outlived the stop would take its GPU from the next block)."""
+    from pipeline import runner
+    from pipeline.serving import launch
+
+    reader, why = runner._reader()
+    if reader is None:
+        raise HarnessFailure(f"{name}: the GPUs cannot be read after the stop ({why}); install nvidia-ml-py")
+    try:
+        left = launch.gpu_leftovers(reader, ignore={os.getpid()})
+    finally:
+        reader.close()
+    environment.setdefault("gpus_clear_after_stop", []).append({"block": name, "left": left})
+    if left:
+        listed = ", ".join(f"GPU {x['gpu']}: " + ("its processes cannot be listed" if x["pid"] is None else
+                                                   f"pid {x['pid']}") for x in left)
+        raise HarnessFailure(f"{name}: after the server stopped, {launch.GPU_CLEAR_S:g} s on, a process still holds "
+                             f"a GPU ({listed}): the node is not clean for the next block; take the runner out "
+                             "of rotation (docs/RUNBOOK.md, \"When the health check fails\")")
+    _say(progress, f"{name}: every GPU clear")
 
 
 def _advice(side: str, what: str) -> str:

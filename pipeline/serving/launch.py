@@ -574,6 +574,29 @@ class Server:
         return holder.get("result")
 
 
+GPU_CLEAR_S = 30.0  # how long a stopped server's GPU contexts may take to go (the driver frees them after the exit)
+
+
+def gpu_leftovers(reader, ignore: set[int] = frozenset(), timeout_s: float | None = None,
+                  poll_s: float = 0.5) -> list[dict[str, Any]]:
+    """After a stop: the compute processes still on any GPU (NVML's view through runner._reader(): every
+    GPU of the node, not only the template's), polled until none is left or `timeout_s` passes. Each
+    left: {"gpu": index, "uuid", "pid", "used_bytes"}; [] when every GPU is clear. A GPU whose processes
+    NVML cannot list counts as not clear (pid None): what cannot be checked is not called clean."""
+    deadline = time.monotonic() + (GPU_CLEAR_S if timeout_s is None else timeout_s)
+    while True:
+        left = []
+        for dev in reader.devices():
+            procs = dev.get("processes")
+            if procs is None:
+                left.append({"gpu": dev.get("nvml_index"), "uuid": dev.get("uuid"), "pid": None, "used_bytes": None})
+                continue
+            left += [{"gpu": dev.get("nvml_index"), "uuid": dev.get("uuid"), **p} for p in procs if p["pid"] not in ignore]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(poll_s)
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         import signal

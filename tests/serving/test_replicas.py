@@ -188,3 +188,58 @@ def test_fewer_visible_gpus_than_replicas_is_refused():
     proc = _router(launch.free_port(), 3, "0,1")
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode != 0 and "3 replicas need 3 GPUs" in out and "never two on one" in out
+
+
+class _NodeReadings:
+    """Stands in for NVML (no GPU here): what runner.Nvml().devices() returns, one reading per call, the
+    last repeated: each GPU's index, uuid and compute processes (None where NVML cannot list them)."""
+
+    def __init__(self, *readings):
+        self.readings, self.calls, self.closed = list(readings), 0, False
+
+    def devices(self):
+        self.calls += 1
+        return self.readings[min(self.calls, len(self.readings)) - 1]
+
+    def close(self):
+        self.closed = True
+
+
+def _node(*procs_per_gpu):
+    return [{"nvml_index": i, "uuid": f"GPU-{i}", "processes": p} for i, p in enumerate(procs_per_gpu)]
+
+
+def test_a_stop_is_followed_until_every_gpu_is_clear():
+    worker = [{"pid": 4242, "used_bytes": 1 << 30}]
+    # a tensor-parallel worker's context freed a moment after the exit: clear on the third reading
+    node = _NodeReadings(_node([], worker, []), _node([], worker, []), _node([], [], []))
+    assert launch.gpu_leftovers(node, timeout_s=5, poll_s=0.01) == [] and node.calls == 3
+    # one that outlives the stop is named, GPU and pid; our own process is not counted
+    stuck = _NodeReadings(_node([{"pid": os.getpid(), "used_bytes": 0}], [], [], worker))
+    t0 = time.monotonic()
+    assert launch.gpu_leftovers(stuck, ignore={os.getpid()}, timeout_s=0.3, poll_s=0.05) == [
+        {"gpu": 3, "uuid": "GPU-3", "pid": 4242, "used_bytes": 1 << 30}]
+    assert 0.3 <= time.monotonic() - t0 < 2
+    # a GPU whose processes cannot be listed is not called clean
+    assert launch.gpu_leftovers(_NodeReadings(_node([], None)), timeout_s=0) == [
+        {"gpu": 1, "uuid": "GPU-1", "pid": None, "used_bytes": None}]
+
+
+def test_a_gpu_left_held_after_a_block_fails_the_evaluation_as_the_node_s(monkeypatch):
+    from pipeline import runner
+    from pipeline.serving import evaluate as ev
+
+    monkeypatch.setattr(launch, "GPU_CLEAR_S", 0.2)
+    node = _NodeReadings(_node([], [{"pid": 777, "used_bytes": None}]))
+    monkeypatch.setattr(runner, "_reader", lambda: (node, None))
+    environment = {}
+    with pytest.raises(ev.HarnessFailure, match=r"block 2/4 \(candidate\): after the server stopped.*GPU 1: pid 777"):
+        ev._gpus_clear("block 2/4 (candidate)", environment, None)
+    assert node.closed and environment["gpus_clear_after_stop"][0]["left"][0]["pid"] == 777
+    clear = _NodeReadings(_node([], []))
+    monkeypatch.setattr(runner, "_reader", lambda: (clear, None))
+    ev._gpus_clear("block 3/4 (baseline)", environment, None)
+    assert environment["gpus_clear_after_stop"][1] == {"block": "block 3/4 (baseline)", "left": []}
+    monkeypatch.setattr(runner, "_reader", lambda: (None, "pynvml: ImportError; nvidia-smi: not found"))
+    with pytest.raises(ev.HarnessFailure, match="cannot be read after the stop"):
+        ev._gpus_clear("block 4/4 (candidate)", environment, None)
