@@ -243,3 +243,42 @@ def test_a_gpu_left_held_after_a_block_fails_the_evaluation_as_the_node_s(monkey
     monkeypatch.setattr(runner, "_reader", lambda: (None, "pynvml: ImportError; nvidia-smi: not found"))
     with pytest.raises(ev.HarnessFailure, match="cannot be read after the stop"):
         ev._gpus_clear("block 4/4 (candidate)", environment, None)
+
+
+def test_an_evaluation_of_a_data_parallel_launch_is_per_gpu(scratch, tmp_path):
+    """The whole serving evaluation (B C C B, levels, canaries, GSM8K) against two replicas behind one
+    address: every level's T_c is its tokens in the window over window seconds times the template's 2 GPUs
+    (the records keep each level's turns, so the division is checked against them), and every process of
+    both launches, router and replicas, is gone afterwards."""
+    import gzip
+
+    from conftest import tiny_dataset
+    from pipeline import result
+    from pipeline.serving import metrics
+    from test_serving_evaluate import ACT, ROOT, WINDOW, _tagged
+
+    tag = f"replicas-evaluate-{os.getpid()}"
+    pin = pin_with(tmp_path / "pin.toml", scripted_template({"token_s": 0.003}, tag=tag, gpus=2, data_parallel=True))
+    s = scratch(ACT)
+    s.append(ACT, "# tuned for the H200\n")
+    patch = tmp_path / "patch.diff"
+    patch.write_bytes(s.diff())
+    out, records = tmp_path / "result.json", tmp_path / "records"
+    done = subprocess.run([sys.executable, "-m", "pipeline", "serving", "evaluate", str(patch), "--launch", "scripted",
+                           "--pin", str(pin), "--dataset", str(tiny_dataset(tmp_path / "tiny.json")), "--json", str(out),
+                           "--records", str(records), *WINDOW], cwd=ROOT, capture_output=True, text=True, timeout=300,
+)
+    assert _tagged(tag) == [], "a process of the data-parallel launch outlived the evaluation"
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = result.read(out)
+    assert doc["status"] == "passed" and doc["serving"]["engine"]["gpus"] == 2
+    assert "on 2 GPU" in done.stdout  # the printed summary names the GPUs T_c divides by
+    checked = 0
+    for level in doc["serving"]["levels"]:
+        for side in ("baseline", "candidate"):
+            for run in level[side]["runs"]:
+                path = records / f"block{run['block'] + 1}-{side}-c{level['concurrency']}-run{run['run'] + 1}.json.gz"
+                recorded = json.loads(gzip.decompress(path.read_bytes()))
+                assert run["T"] == pytest.approx(metrics.level(recorded, gpus=1)["T"] / 2, rel=1e-9)
+                checked += 1
+    assert checked == 2 * 2 * 2  # two levels, two blocks a side, one run each
