@@ -70,13 +70,29 @@ def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointe
     try:
         dump = subprocess.run([str(BIN / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
                               text=True, check=True).stdout
+        sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
     finally:
         os.unlink(f.name)
     use = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", dump, re.S)
     ptx = kernel.asm["ptx"]
     return {"registers": int(use[1]), "stack": int(use[2]), "shared": int(use[3]),
             "ld_v4": ptx.count("ld.global.v4"), "ld_v2": ptx.count("ld.global.v2"),
-            "ld": len(re.findall(r"ld\.global", ptx)), "cp_async": ptx.count("cp.async")}
+            "ld": len(re.findall(r"ld\.global", ptx)), "cp_async": ptx.count("cp.async"),
+            "loop_instructions": inner_loop(sass)}
+
+
+def inner_loop(sass: str) -> int | None:
+    """The instructions of the kernel's longest loop (a backward branch and what it jumps over), in SASS:
+    what a thread issues per K step, where a GEMV bound by the SMs spends its time. None: no loop."""
+    at = {}
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            at[int(m[1], 16)] = m[2]
+    spans = [(a - int(m[1], 16)) // 16 + 1 for a, ins in at.items()
+             if (m := re.search(r"BRA\s+(?:`\()?0x([0-9a-f]+)", ins)) and int(m[1], 16) < a]
+    return max(spans, default=None)
 
 
 def rows() -> list[dict]:
@@ -85,9 +101,12 @@ def rows() -> list[dict]:
 
     out = []
 
-    def add(what, fn, const, warps, stages, **kw):
+    def add(what, fn, const, warps, stages, weights=None, **kw):
+        """`weights`: the weights one thread unpacks per trip of the K loop (the CUDA-core GEMVs)."""
         try:
             r = compile_report(fn, const, warps, stages, **kw)
+            if weights and r["loop_instructions"]:
+                r["per_weight"] = round(r["loop_instructions"] / weights, 2)
         except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported
             r = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
         out.append({"kernel": what, "config": {**const, "num_warps": warps, "num_stages": stages}, **r})
@@ -96,10 +115,17 @@ def rows() -> list[dict]:
     moe = dict(TOPK=8, GROUP=128)
     for bn, gps, pf, w, s in [(32, 4, 0, 4, 3), (16, 2, 0, 4, 3), (16, 2, 1, 4, 3), (8, 2, 1, 2, 2)]:
         add("solution _gate_up_cc", solution._gate_up_cc,
-            {**moe, "BT": 1, "BN": bn, "GPS": gps, "SORTED": False, "PREFETCH": pf}, w, s)
+            {**moe, "BT": 1, "BN": bn, "GPS": gps, "SORTED": False, "PREFETCH": pf}, w, s,
+            weights=2 * bn * gps * 128 / (32 * w))
+    for bn, gps, w in [(16, 1, 4), (32, 1, 4), (64, 1, 4), (32, 2, 4)]:
+        add("solution _gate_up_words", solution._gate_up_words, {**moe, "BN": bn, "GPS": gps}, w, 1,
+            weights=2 * bn * gps * 128 / (32 * w))
     for bn, gps, pf, w, s in [(8, 4, 0, 4, 3), (16, 2, 1, 4, 3), (32, 2, 1, 4, 3)]:
         add("solution _down_cc", solution._down_cc,
-            {**moe, "BN": bn, "GPS": gps, "HAS_RES": False, "PREFETCH": pf}, w, s)
+            {**moe, "BN": bn, "GPS": gps, "HAS_RES": False, "PREFETCH": pf}, w, s, weights=bn * gps * 128 / (32 * w))
+    for bn, gps, w in [(16, 1, 4), (32, 1, 4), (64, 1, 4)]:
+        add("solution _down_words", solution._down_words, {**moe, "BN": bn, "GPS": gps, "HAS_RES": False}, w, 1,
+            weights=bn * gps * 128 / (32 * w))
     for rows_, bn, w, s in [(0, 64, 2, 2), (1, 64, 2, 2), (0, 128, 4, 3), (1, 128, 4, 3)]:
         add("solution _gate_up (tensor cores)", solution._gate_up,
             {**moe, "BT": 16, "BN": bn, "SPLIT": 2, "F32": False, "ROWS": rows_}, w, s)
@@ -145,15 +171,17 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     out = rows()
-    print(f"\nTriton {triton.__version__}, sm_90\n\n| kernel | configuration | registers | stack | ld.global v4 / v2 / all | cp.async |\n"
-          "| --- | --- | --- | --- | --- | --- |")
+    print(f"\nTriton {triton.__version__}, sm_90\n\n| kernel | configuration | registers | stack | ld.global v4 / v2 / all "
+          "| cp.async | loop instructions (a weight) |\n| --- | --- | --- | --- | --- | --- | --- |")
     for r in out:
         cfg = ", ".join(f"{k} {v}" for k, v in r["config"].items() if k not in ("TOPK", "GROUP", "E", "F32"))
         if "error" in r:
-            print(f"| {r['kernel']} | {cfg} | {r['error']} | | | |")
+            print(f"| {r['kernel']} | {cfg} | {r['error']} | | | | |")
         else:
+            loop = r["loop_instructions"] or "-"
+            loop = f"{loop} ({r['per_weight']})" if "per_weight" in r else loop
             print(f"| {r['kernel']} | {cfg} | {r['registers']} | {r['stack']} | {r['ld_v4']} / {r['ld_v2']} / {r['ld']} "
-                  f"| {r['cp_async']} |")
+                  f"| {r['cp_async']} | {loop} |")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 

@@ -31,7 +31,7 @@ from pipeline.kernel.evaluate import device_ceilings, floor_us  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
 from tune_fused_moe import time_us  # noqa: E402
 
-MAX_SIZE = "max_size"  # a stage's optional bound: it runs only for the CONFIGS keys (sizes) up to this one
+MAX_SIZE, MIN_SIZE = "max_size", "min_size"  # a stage's optional bounds: it runs only for the sizes between
 # Each problem's search, in stages: a stage searches its grid with every other key at the best found so
 # far (the kept configuration first), so the MoE's two GEMMs are searched one after the other, not as a
 # product.
@@ -43,12 +43,16 @@ GRIDS = {
     # the CUDA-core path (PATH cc); each later stage tunes whichever is best so far. The CUDA-core GEMV's
     # arithmetic grows with the pairs (no tensor cores), so its stages run at the few-token sizes alone
     # (MAX_SIZE: M16's 128 pairs took 1.0 ms on it against the tensor cores' 0.45, twelfth session).
-    "muse_moe_w4a16": [{"ROWS": [0, 1], "SPLIT_UP": [1, 2], "warps_up": [2, 4], "warps_down": [2, 4]},
-                       {"PATH": ["cc"], "BT": [1], "BN_UP": [4, 8, 16, 32], "GPS_UP": [2, 4, 8], "PREFETCH": [0, 1],
-                        "BN_DOWN": [16], MAX_SIZE: 8},
-                       {"warps_up": [2, 4, 8], "stages_up": [2, 3], MAX_SIZE: 8},
-                       {"BN_DOWN": [4, 8, 16, 32], "GPS_DOWN": [1, 2, 4], MAX_SIZE: 8},
-                       {"warps_down": [2, 4, 8], "stages_down": [2, 3], MAX_SIZE: 8}],
+    # At M1 the words' unpacking (UNPACK words: ~5 instructions a weight in its loop against the bytes' 6.8-8,
+    # benchmarks/static_kernels.py) first, then the bytes' with PREFETCH.
+    "muse_moe_w4a16": [{"ROWS": [0, 1], "SPLIT_UP": [1, 2], "warps_up": [2, 4], "warps_down": [2, 4], MIN_SIZE: 16},
+                       {"PATH": ["cc"], "BT": [1], "UNPACK": ["words"], "BN_UP": [16, 32, 64], "GPS_UP": [1, 2],
+                        "BN_DOWN": [16, 32], "GPS_DOWN": [1], MAX_SIZE: 8},
+                       {"UNPACK": ["bytes"], "BN_UP": [8, 16, 32], "GPS_UP": [4, 8], "PREFETCH": [0, 1],
+                        "GPS_DOWN": [4], MAX_SIZE: 8},
+                       {"warps_up": [2, 4, 8], MAX_SIZE: 8},
+                       {"BN_DOWN": [8, 16, 32, 64], "GPS_DOWN": [1, 2, 4], MAX_SIZE: 8},
+                       {"warps_down": [2, 4, 8], MAX_SIZE: 8}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
                               {"num_warps": [4, 8], "num_stages": [2, 3, 4]}],
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
@@ -60,6 +64,10 @@ GRIDS = {
 # (M when not named), or for the prefill layer the batch's new tokens.
 SIZE = {"muse_attention_decode": lambda shape: shape["B"],
         "muse_prefill_layer": lambda shape: sum(int(n) for n in shape["new"])}
+
+
+def _runs(stage: dict, size: int) -> bool:
+    return stage.get(MIN_SIZE, -math.inf) <= size <= stage.get(MAX_SIZE, math.inf)
 
 
 def size_of(problem: str, shape) -> int:
@@ -109,8 +117,8 @@ def main() -> None:
     rows, best = [], {}
     shapes = problem.shapes("full", kinds=("workload",))
     # each workload's share of --budget in proportion to the configurations its stages search
-    counts = [sum(math.prod(len(v) for k, v in stage.items() if k != MAX_SIZE) for stage in grid
-                  if size_of(args.problem, shape) <= stage.get(MAX_SIZE, math.inf)) for shape in shapes]
+    counts = [sum(math.prod(len(v) for k, v in stage.items() if k not in (MAX_SIZE, MIN_SIZE)) for stage in grid
+                  if _runs(stage, size_of(args.problem, shape))) for shape in shapes]
     start = time.monotonic()
     for index, shape in enumerate(shapes):
         share = sum(counts[:index + 1]) / sum(counts)
@@ -126,9 +134,9 @@ def main() -> None:
         results = [(kept_us, kept)]
         current = dict(kept)
         for stage in grid:
-            stage = dict(stage)
-            if size > stage.pop(MAX_SIZE, size):
+            if not _runs(stage, size):
                 continue
+            stage = {k: v for k, v in stage.items() if k not in (MAX_SIZE, MIN_SIZE)}
             for values in itertools.product(*stage.values()):
                 cfg = {**current, **dict(zip(stage, values))}
                 if cfg == current and len(results) > 1:

@@ -30,7 +30,12 @@ PATH "cc", the CUDA cores (M1: one token an expert, the tensor cores' tile would
 2^23 + n; one subtraction of 2^23 + 8) and dots them with each of its block's tokens, SiLU fused;
 `_down_cc` walks a token's TOPK experts in a fixed order and stores its row once (an optional residual
 added). PREFETCH issues the next step's loads before this step's arithmetic (Triton pipelines only the
-loads that feed a tl.dot).
+loads that feed a tl.dot). UNPACK "words" (`_gate_up_words`, `_down_words`, one pair a program row): the
+weights read as 32-bit words, nibble J of a word shifted to bits 16-19 and or'ed into the pattern of 1.0
+(1 + n/128, exact), one fma a weight into an accumulator per (row, word); a group's sum_k (n_k - 8) x_k is
+128 * sum_k (1 + n_k/128) x_k - 136 * sum_k x_k, the second shared by every row. About 5 instructions a
+weight in the K loop against the bytes' 6.8-8 (SASS, benchmarks/static_kernels.py): at M1 the GEMV is
+bound by the SMs' issue rate, not by the memory (twelfth session).
 
 Every kernel takes a weight row's bytes as an argument (ROW), so the JIT sees its divisibility by 16 and
 loads 16 bytes a thread. On a CPU (Triton's interpreter: no PTX, a wrong bf16 dot) the dots run in float32
@@ -459,6 +464,103 @@ def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, 
     tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)
 
 
+@triton.jit
+def _nib(words, J: tl.constexpr):
+    """float32 1 + n/128 for nibble J of each 32-bit word (k = 8w + J: byte J // 2, low nibble first): the
+    nibble shifted to bits 16-19 and or'ed into the pattern of 1.0, exact. Two instructions a weight (a
+    shift, a lop3; none for J = 4) where _nibbles' bytes take four or five."""
+    if J < 4:
+        v = words << (16 - 4 * J)
+    elif J > 4:
+        v = words >> (4 * J - 16)
+    else:
+        v = words
+    return ((v & 0x000F0000) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _words_step(words, x_ptr, GPS: tl.constexpr, WG: tl.constexpr):
+    """For the step's words [BN, GPS, WG] (WG 32-bit words a quantisation group) and its 8 * GPS * WG
+    activations from x_ptr: ([BN, GPS] sum_k (1 + n_k/128) x_k, [GPS] sum_k x_k) per group. Each weight
+    costs one fma into an accumulator per (row, word) (no reduction per weight); the caller takes
+    sum_k (n_k - 8) x_k = 128 * the first - 136 * the second, times the group's scale."""
+    xb = x_ptr + tl.arange(0, GPS)[:, None] * (8 * WG) + 8 * tl.arange(0, WG)[None, :]
+    acc = tl.zeros(words.shape, dtype=tl.float32)
+    xsum = tl.zeros((GPS, WG), dtype=tl.float32)
+    for J in tl.static_range(8):
+        xj = tl.load(xb + J).to(tl.float32)
+        xsum += xj
+        acc += _nib(words, J) * xj[None, :, :]
+    return tl.sum(acc, 2), tl.sum(xsum, 1)
+
+
+@triton.jit
+def _load_words(rows, scales, s, ok, GPS: tl.constexpr, WG: tl.constexpr):
+    """Step s of BN rows given as int32 word pointers: the words [BN, GPS, WG] and the scales [BN, GPS]."""
+    gi = tl.arange(0, GPS)
+    cols = (s * GPS + gi)[:, None] * WG + tl.arange(0, WG)[None, :]
+    words = tl.load(rows[:, None, None] + cols[None, :, :], mask=ok[:, None, None], other=0)
+    return words, tl.load(scales[:, None] + (s * GPS + gi)[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, H, I, G, ROW, TOPK: tl.constexpr, BN: tl.constexpr,
+                   GROUP: tl.constexpr, GPS: tl.constexpr):
+    """CUDA cores, one pair a program row (M1): BN gate and up rows of the pair's expert read as 32-bit words
+    and unpacked by _nib (1 + n/128, the -8 and the 1 taken off per group through sum_k x_k), one fma a
+    weight; SiLU(gate) * up stored in float32."""
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    WG: tl.constexpr = GROUP // 8
+    RW = ROW // 4
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = rn < I
+    g_rows = w_ptr.to(tl.pointer_type(tl.int32)) + (e * (2 * I) + rn.to(tl.int64)) * RW
+    u_rows = g_rows + I * RW
+    g_s = s_ptr + e * (2 * I) * G + rn * G
+    u_s = g_s + I * G
+    x_row = x_ptr + (p // TOPK).to(tl.int64) * H
+    out_g = tl.zeros((BN,), dtype=tl.float32)
+    out_u = tl.zeros((BN,), dtype=tl.float32)
+    for s in range(0, G // GPS):
+        wg, sg = _load_words(g_rows, g_s, s, n_ok, GPS, WG)
+        wu, su = _load_words(u_rows, u_s, s, n_ok, GPS, WG)
+        dg, sx = _words_step(wg, x_row + s * GPS * GROUP, GPS, WG)
+        du, _ = _words_step(wu, x_row + s * GPS * GROUP, GPS, WG)
+        out_g += tl.sum(sg * (128.0 * dg - 136.0 * sx[None, :]), 1)
+        out_u += tl.sum(su * (128.0 * du - 136.0 * sx[None, :]), 1)
+    act = out_g / (1.0 + tl.exp(-out_g)) * out_u
+    tl.store(act_ptr + p.to(tl.int64) * I + rn, act, mask=n_ok)
+
+
+@triton.jit
+def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, ROW, TOPK: tl.constexpr,
+                BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr, HAS_RES: tl.constexpr):
+    """_down_cc with the words' unpacking: per token and BN output columns, its TOPK experts in a fixed
+    order, each pair's float32 activation dotted with the expert's rows, times its weight; one bf16 store."""
+    t = tl.program_id(0).to(tl.int64)
+    WG: tl.constexpr = GROUP // 8
+    RW = ROW // 4
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = rn < H
+    words = w_ptr.to(tl.pointer_type(tl.int32))
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for k in range(0, TOPK):
+        pair = t * TOPK + k
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        rows = words + (e * H + rn.to(tl.int64)) * RW
+        scales = s_ptr + e * H * G + rn * G
+        part = tl.zeros((BN,), dtype=tl.float32)
+        for s in range(0, G // GPS):
+            wd, sd = _load_words(rows, scales, s, n_ok, GPS, WG)
+            d, sx = _words_step(wd, act_ptr + pair * I + s * GPS * GROUP, GPS, WG)
+            part += tl.sum(sd * (128.0 * d - 136.0 * sx[None, :]), 1)
+        acc += tl.load(tw_ptr + pair) * part
+    if HAS_RES:
+        acc += tl.load(res_ptr + t * H + rn, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)
+
+
 _TICKETS: dict = {}
 
 
@@ -535,10 +637,21 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
         blocks, route = n_pairs, (ids,) * 5  # unused pointers
     act = torch.empty(n_pairs, I, dtype=torch.float32, device=x.device)
     bn_up, bn_down, prefetch = int(cfg["BN_UP"]), int(cfg["BN_DOWN"]), bool(cfg.get("PREFETCH", 0))
+    out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
+    if cfg.get("UNPACK", "bytes") == "words":  # one pair a program row; 32-bit words, one fma a weight
+        if bt != 1:
+            raise ValueError(f"UNPACK words runs one pair a block (BT 1), not BT {bt}")
+        _gate_up_words[(n_pairs, triton.cdiv(I, bn_up))](
+            x, w13, w13_scale, ids, act, H, I, H // group, H // 2, TOPK=topk, BN=bn_up, GROUP=group, GPS=gps_up,
+            **_launch(cfg, "up", cuda))
+        _down_words[(M, triton.cdiv(H, bn_down))](
+            act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, out, H, I,
+            I // group, I // 2, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None,
+            **_launch(cfg, "down", cuda))
+        return out
     _gate_up_cc[(blocks, triton.cdiv(I, bn_up))](
         x, w13, w13_scale, *route, ids, act, n_pairs, H, I, H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group,
         GPS=gps_up, SORTED=bt > 1, PREFETCH=prefetch, **_launch(cfg, "up", cuda))
-    out = torch.empty(M, H, dtype=torch.bfloat16, device=x.device)
     _down_cc[(M, triton.cdiv(H, bn_down))](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, out, H, I,
         I // group, I // 2, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None,
