@@ -117,21 +117,23 @@ def rows() -> list[dict]:
         add("solution _gate_up_cc", solution._gate_up_cc,
             {**moe, "BT": 1, "BN": bn, "GPS": gps, "SORTED": False, "PREFETCH": pf}, w, s,
             weights=2 * bn * gps * 128 / (32 * w))
-    for bn, gps, w in [(16, 1, 4), (32, 1, 4), (64, 1, 4), (32, 2, 4)]:
+    for bn, gps, w in [(32, 1, 4), (64, 1, 2), (64, 1, 4), (128, 1, 4), (64, 2, 4)]:
         add("solution _gate_up_words", solution._gate_up_words, {**moe, "BN": bn, "GPS": gps}, w, 1,
             weights=2 * bn * gps * 128 / (32 * w))
     for bn, gps, pf, w, s in [(8, 4, 0, 4, 3), (16, 2, 1, 4, 3), (32, 2, 1, 4, 3)]:
         add("solution _down_cc", solution._down_cc,
             {**moe, "BN": bn, "GPS": gps, "HAS_RES": False, "PREFETCH": pf}, w, s, weights=bn * gps * 128 / (32 * w))
-    for bn, gps, w in [(16, 1, 4), (32, 1, 4), (64, 1, 4)]:
+    for bn, gps, w in [(32, 1, 4), (64, 1, 4), (128, 1, 4)]:
         add("solution _down_words", solution._down_words, {**moe, "BN": bn, "GPS": gps, "HAS_RES": False}, w, 1,
             weights=bn * gps * 128 / (32 * w))
     for rows_, bn, w, s in [(0, 64, 2, 2), (1, 64, 2, 2), (0, 128, 4, 3), (1, 128, 4, 3)]:
+        # a trip of the tensor-core kernels' K loop is one quantisation group (128 k) of BN rows (gate and up)
         add("solution _gate_up (tensor cores)", solution._gate_up,
-            {**moe, "BT": 16, "BN": bn, "SPLIT": 2, "F32": False, "ROWS": rows_}, w, s)
+            {**moe, "BT": 16, "BN": bn, "SPLIT": 2, "F32": False, "ROWS": rows_}, w, s,
+            weights=2 * bn * 128 / (32 * w))
         add("solution _down (tensor cores)", solution._down,
             {**moe, "BT": 16, "BN": bn, "SPLIT": 1, "F32": False, "ROWS": rows_}, w, s,
-            pointers={"act_ptr": "*bf16", "out_ptr": "*bf16"})
+            pointers={"act_ptr": "*bf16", "out_ptr": "*bf16"}, weights=bn * 128 / (32 * w))
     # the layers' own kernels, as their generated submissions define them
     decode = _module(ROOT / "solutions" / "muse_decode_layer" / "submission.py", "solution_decode_layer")
     prefill = _module(ROOT / "solutions" / "muse_prefill_layer" / "submission.py", "solution_prefill_layer")
@@ -158,11 +160,11 @@ def rows() -> list[dict]:
             add(f"baseline _gate_up (M{m})", base._gate_up,
                 {"TOPK": 8, "E": 128, "BM": cfg["BM"], "BN": cfg["BN"], "GROUP": 128, **kinds,
                  "SPLIT": cfg.get("SPLIT_UP", 1), "F32": False}, cfg["num_warps"], cfg["num_stages"],
-                pointers={"act_ptr": "*bf16"})
+                pointers={"act_ptr": "*bf16"}, weights=2 * cfg["BN"] * 128 / (32 * cfg["num_warps"]))
             add(f"baseline _down (M{m})", base._down,
                 {"E": 128, "BM": cfg["BM"], "BN": cfg["BN"], "GROUP": 128, **kinds,
                  "SPLIT": cfg.get("SPLIT_DOWN", 1), "F32": False}, cfg["num_warps"], cfg["num_stages"],
-                pointers={"act_ptr": "*bf16", "out_ptr": "*fp32"})
+                pointers={"act_ptr": "*bf16", "out_ptr": "*fp32"}, weights=cfg["BN"] * 128 / (32 * cfg["num_warps"]))
     return out
 
 

@@ -91,6 +91,7 @@ CONFIGS = {
         "GPS_DOWN": 2,
     },
 }
+ONE = 0x3F800000  # the bit pattern of float32 1.0 (the words' unpacking; an argument, see _nib)
 MAX_PAIRS = 1024  # one _route program sorts up to this many pairs in registers; more are counted and scattered
 
 
@@ -465,21 +466,23 @@ def _down_cc(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, 
 
 
 @triton.jit
-def _nib(words, J: tl.constexpr):
+def _nib(words, ONE, J: tl.constexpr):
     """float32 1 + n/128 for nibble J of each 32-bit word (k = 8w + J: byte J // 2, low nibble first): the
-    nibble shifted to bits 16-19 and or'ed into the pattern of 1.0, exact. Two instructions a weight (a
-    shift, a lop3; none for J = 4) where _nibbles' bytes take four or five."""
+    nibble shifted to bits 16-19 and or'ed into ONE, the pattern of 1.0 (0x3F800000), exact. Two
+    instructions a weight (a shift, a lop3; none for J = 4) where _nibbles' bytes take four or five. ONE is
+    a kernel argument, not a literal: the lop3 then reads it from the constant bank beside the mask's
+    immediate, where a second literal is rematerialised into a register, ~40 MOVs a trip (SASS)."""
     if J < 4:
         v = words << (16 - 4 * J)
     elif J > 4:
         v = words >> (4 * J - 16)
     else:
         v = words
-    return ((v & 0x000F0000) | 0x3F800000).to(tl.float32, bitcast=True)
+    return ((v & 0x000F0000) | ONE).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _words_step(words, x_ptr, GPS: tl.constexpr, WG: tl.constexpr):
+def _words_step(words, x_ptr, ONE, GPS: tl.constexpr, WG: tl.constexpr):
     """For the step's words [BN, GPS, WG] (WG 32-bit words a quantisation group) and its 8 * GPS * WG
     activations from x_ptr: ([BN, GPS] sum_k (1 + n_k/128) x_k, [GPS] sum_k x_k) per group. Each weight
     costs one fma into an accumulator per (row, word) (no reduction per weight); the caller takes
@@ -490,7 +493,7 @@ def _words_step(words, x_ptr, GPS: tl.constexpr, WG: tl.constexpr):
     for J in tl.static_range(8):
         xj = tl.load(xb + J).to(tl.float32)
         xsum += xj
-        acc += _nib(words, J) * xj[None, :, :]
+        acc += _nib(words, ONE, J) * xj[None, :, :]
     return tl.sum(acc, 2), tl.sum(xsum, 1)
 
 
@@ -504,7 +507,7 @@ def _load_words(rows, scales, s, ok, GPS: tl.constexpr, WG: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, H, I, G, ROW, TOPK: tl.constexpr, BN: tl.constexpr,
+def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, H, I, G, ROW, ONE, TOPK: tl.constexpr, BN: tl.constexpr,
                    GROUP: tl.constexpr, GPS: tl.constexpr):
     """CUDA cores, one pair a program row (M1): BN gate and up rows of the pair's expert read as 32-bit words
     and unpacked by _nib (1 + n/128, the -8 and the 1 taken off per group through sum_k x_k), one fma a
@@ -525,8 +528,8 @@ def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, H, I, G, ROW, TOPK: tl
     for s in range(0, G // GPS):
         wg, sg = _load_words(g_rows, g_s, s, n_ok, GPS, WG)
         wu, su = _load_words(u_rows, u_s, s, n_ok, GPS, WG)
-        dg, sx = _words_step(wg, x_row + s * GPS * GROUP, GPS, WG)
-        du, _ = _words_step(wu, x_row + s * GPS * GROUP, GPS, WG)
+        dg, sx = _words_step(wg, x_row + s * GPS * GROUP, ONE, GPS, WG)
+        du, _ = _words_step(wu, x_row + s * GPS * GROUP, ONE, GPS, WG)
         out_g += tl.sum(sg * (128.0 * dg - 136.0 * sx[None, :]), 1)
         out_u += tl.sum(su * (128.0 * du - 136.0 * sx[None, :]), 1)
     act = out_g / (1.0 + tl.exp(-out_g)) * out_u
@@ -534,7 +537,7 @@ def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, H, I, G, ROW, TOPK: tl
 
 
 @triton.jit
-def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, ROW, TOPK: tl.constexpr,
+def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, ROW, ONE, TOPK: tl.constexpr,
                 BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr, HAS_RES: tl.constexpr):
     """_down_cc with the words' unpacking: per token and BN output columns, its TOPK experts in a fixed
     order, each pair's float32 activation dotted with the expert's rows, times its weight; one bf16 store."""
@@ -553,7 +556,7 @@ def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, 
         part = tl.zeros((BN,), dtype=tl.float32)
         for s in range(0, G // GPS):
             wd, sd = _load_words(rows, scales, s, n_ok, GPS, WG)
-            d, sx = _words_step(wd, act_ptr + pair * I + s * GPS * GROUP, GPS, WG)
+            d, sx = _words_step(wd, act_ptr + pair * I + s * GPS * GROUP, ONE, GPS, WG)
             part += tl.sum(sd * (128.0 * d - 136.0 * sx[None, :]), 1)
         acc += tl.load(tw_ptr + pair) * part
     if HAS_RES:
@@ -642,11 +645,11 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
         if bt != 1:
             raise ValueError(f"UNPACK words runs one pair a block (BT 1), not BT {bt}")
         _gate_up_words[(n_pairs, triton.cdiv(I, bn_up))](
-            x, w13, w13_scale, ids, act, H, I, H // group, H // 2, TOPK=topk, BN=bn_up, GROUP=group, GPS=gps_up,
+            x, w13, w13_scale, ids, act, H, I, H // group, H // 2, ONE, TOPK=topk, BN=bn_up, GROUP=group, GPS=gps_up,
             **_launch(cfg, "up", cuda))
         _down_words[(M, triton.cdiv(H, bn_down))](
             act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, out, H, I,
-            I // group, I // 2, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None,
+            I // group, I // 2, ONE, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None,
             **_launch(cfg, "down", cuda))
         return out
     _gate_up_cc[(blocks, triton.cdiv(I, bn_up))](
