@@ -213,6 +213,11 @@ def launch_template(pin: Pin, name: str) -> LaunchTemplate:
     data_parallel = table.get("data_parallel", False)
     if not isinstance(data_parallel, bool):
         raise PinError(f"{where} data_parallel: true or false, not {data_parallel!r}")
+    if data_parallel and (any("{tree}" in a for a in argv) or any("{tree}" in v for v in env.values())):
+        raise PinError(f"{where}: data_parallel cannot run a patch ({{tree}}): the replicas would share a sandbox "
+                       "with the router (pipeline/serving/replicas.py), whose flush broadcast and routing a "
+                       "candidate's code, under the same uid, could tamper with; an engine that runs patches "
+                       "spreads over its GPUs itself (SGLang: --tp {gpus})")
     if data_parallel and not any("{port}" in a for a in argv):
         raise PinError(f"{where}: data_parallel starts one replica a GPU, each on a port of its own: argv must "
                        "name {port}")

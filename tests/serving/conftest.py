@@ -110,6 +110,8 @@ def scripted_template(script: dict | None = None, name: str = "scripted", ready_
 
     script = {"words_from": "prompt", **(script or {})}
     argv = ["{python}", str(SCRIPTED), "--port", "{port}", "--tree", "{tree}", "--script", json.dumps(script)]
+    if data_parallel:  # a data-parallel launch never runs a patch (pin.py says why): no tree to read
+        argv = [a for a in argv if a not in ("--tree", "{tree}")]
     if tag:  # a word on its command line, so a test can find every process of its own servers
         argv += ["--tag", tag]
     lines = [f"[launch.{name}]", 'engine = "sglang"', 'version = "aiohttp"', f"gpus = {gpus}", 'device = "cpu"',
