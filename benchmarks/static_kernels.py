@@ -118,13 +118,14 @@ def rows() -> list[dict]:
             {**moe, "BT": 1, "BN": bn, "GPS": gps, "SORTED": False, "PREFETCH": pf}, w, s,
             weights=2 * bn * gps * 128 / (32 * w))
     for bn, gps, w in [(32, 1, 4), (64, 1, 2), (64, 1, 4), (128, 1, 4), (64, 2, 4)]:
-        add("solution _gate_up_words", solution._gate_up_words, {**moe, "BN": bn, "GPS": gps}, w, 1,
+        add("solution _gate_up_words", solution._gate_up_words, {**moe, "BN": bn, "GPS": gps, "SPLIT": 2}, w, 1,
             weights=2 * bn * gps * 128 / (32 * w))
     for bn, gps, pf, w, s in [(8, 4, 0, 4, 3), (16, 2, 1, 4, 3), (32, 2, 1, 4, 3)]:
         add("solution _down_cc", solution._down_cc,
             {**moe, "BN": bn, "GPS": gps, "HAS_RES": False, "PREFETCH": pf}, w, s, weights=bn * gps * 128 / (32 * w))
     for bn, gps, w in [(32, 1, 4), (64, 1, 4), (128, 1, 4)]:
-        add("solution _down_words", solution._down_words, {**moe, "BN": bn, "GPS": gps, "HAS_RES": False}, w, 1,
+        add("solution _down_words", solution._down_words, {**moe, "BN": bn, "GPS": gps, "HAS_RES": False, "SPLIT": 2},
+            w, 1,
             weights=bn * gps * 128 / (32 * w))
     for rows_, bn, w, s in [(0, 64, 2, 2), (1, 64, 2, 2), (0, 128, 4, 3), (1, 128, 4, 3)]:
         # a trip of the tensor-core kernels' K loop is one quantisation group (128 k) of BN rows (gate and up)

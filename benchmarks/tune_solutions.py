@@ -46,13 +46,16 @@ GRIDS = {
     # At M1 the words' unpacking (UNPACK words: 3.8-5 instructions a weight in its loop against the bytes' 6.8-8,
     # benchmarks/static_kernels.py) first, then the bytes' with PREFETCH.
     "muse_moe_w4a16": [{"ROWS": [0, 1], "SPLIT_UP": [1, 2], "warps_up": [2, 4], "warps_down": [2, 4], MIN_SIZE: 16},
-                       # M1's 8 pairs x 3,072 rows are few: 1-2 warps a program keep ~6 programs an SM
-                       {"PATH": ["cc"], "BT": [1], "UNPACK": ["words"], "BN_UP": [32, 64], "GPS_UP": [1, 2],
-                        "warps_up": [1, 2], "BN_DOWN": [32], "warps_down": [1], "GPS_DOWN": [1], MAX_SIZE: 8},
+                       # M1's 8 pairs x 3,072 rows are few for 132 SMs: 1-2 warps a program, K split in 2-4
+                       # (the last split of a tile adds the parts); the down GEMV's 8 experts split likewise
+                       {"PATH": ["cc"], "BT": [1], "UNPACK": ["words"], "BN_UP": [32, 64], "warps_up": [1, 2, 4],
+                        "SPLIT_UP": [1, 2, 4], "GPS_UP": [1], "BN_DOWN": [32], "warps_down": [1], "GPS_DOWN": [1],
+                        "SPLIT_DOWN": [2], MAX_SIZE: 8},
+                       {"BN_DOWN": [32, 64], "warps_down": [1, 2], "SPLIT_DOWN": [1, 2, 4], MAX_SIZE: 8},
+                       {"GPS_UP": [1, 2], "GPS_DOWN": [1, 2], MAX_SIZE: 8},
                        {"UNPACK": ["bytes"], "BN_UP": [8, 16, 32], "GPS_UP": [4, 8], "PREFETCH": [0, 1],
-                        "GPS_DOWN": [4], MAX_SIZE: 8},
-                       {"warps_up": [1, 2, 4, 8], MAX_SIZE: 8},
-                       {"BN_DOWN": [16, 32, 64], "GPS_DOWN": [1, 2, 4], "warps_down": [1, 2, 4], MAX_SIZE: 8}],
+                        "warps_up": [4], "BN_DOWN": [8], "GPS_DOWN": [4], "warps_down": [4], MAX_SIZE: 8},
+                       {"warps_up": [1, 2, 4, 8], MAX_SIZE: 8}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
                               {"num_warps": [4, 8], "num_stages": [2, 3, 4]}],
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes

@@ -87,8 +87,13 @@ MOE_VARIANTS = [  # the two searched stages' extremes: split-K on either GEMM (t
     {"PATH": "cc", "BT": 1, "BN_UP": 16, "GPS_UP": 1, "BN_DOWN": 32, "GPS_DOWN": 2},
     {"PATH": "cc", "BT": 4, "BN_UP": 32, "GPS_UP": 2, "BN_DOWN": 16, "GPS_DOWN": 1, "PREFETCH": 1},
     # the CUDA-core path unpacking 32-bit words (one fma a weight), one and several groups a step
-    {"PATH": "cc", "UNPACK": "words", "BT": 1, "BN_UP": 16, "GPS_UP": 1, "BN_DOWN": 32, "GPS_DOWN": 2},
-    {"PATH": "cc", "UNPACK": "words", "BT": 1, "BN_UP": 64, "GPS_UP": 2, "BN_DOWN": 16, "GPS_DOWN": 1},
+    {"PATH": "cc", "UNPACK": "words", "BT": 1, "BN_UP": 16, "GPS_UP": 1, "BN_DOWN": 32, "GPS_DOWN": 2, "SPLIT_UP": 1,
+     "SPLIT_DOWN": 1},
+    {"PATH": "cc", "UNPACK": "words", "BT": 1, "BN_UP": 64, "GPS_UP": 2, "BN_DOWN": 16, "GPS_DOWN": 1, "SPLIT_UP": 1,
+     "SPLIT_DOWN": 1},
+    # and with K and the experts split (the last split of a tile adds the parts)
+    {"PATH": "cc", "UNPACK": "words", "BT": 1, "BN_UP": 32, "GPS_UP": 1, "SPLIT_UP": 2, "BN_DOWN": 32, "GPS_DOWN": 1,
+     "SPLIT_DOWN": 2},
 ]
 
 
@@ -110,7 +115,8 @@ def test_the_moe_s_every_blocking_is_right(variant, monkeypatch):
     for name in ("same_experts_M16", "M1") + (() if words else ("uniform_M64",)):
         inputs = ref.make_inputs(shapes[name], 3, "cpu")
         want = ref.reference(inputs).double()
-        for _ in range(2 if cfg["PATH"] == "tc" else 1):
+        tickets = cfg["PATH"] == "tc" or cfg.get("SPLIT_UP", 1) > 1 or cfg.get("SPLIT_DOWN", 1) > 1
+        for _ in range(2 if tickets else 1):
             got = mod.custom_kernel(inputs, cfg).double()
             err = (got - want).abs()
             assert err.max() < 0.1 and (got - want).norm() / want.norm() < 1e-2, (name, float(err.max()))

@@ -602,16 +602,20 @@ def _load_words(rows, scales, s, ok, GPS: tl.constexpr, WG: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, H, I, G, ROW, ONE, TOPK: tl.constexpr, BN: tl.constexpr,
-                   GROUP: tl.constexpr, GPS: tl.constexpr):
+def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, part_ptr, ticket_ptr, n_pairs, H, I, G, ROW, ONE,
+                   TOPK: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr,
+                   SPLIT: tl.constexpr):
     """CUDA cores, one pair a program row (M1): BN gate and up rows of the pair's expert read as 32-bit words
     and unpacked by _nib (1 + n/128, the -8 and the 1 taken off per group through sum_k x_k), one fma a
-    weight; SiLU(gate) * up stored in float32."""
+    weight; SiLU(gate) * up stored in float32. With SPLIT > 1 the K range is shared by SPLIT programs (M1
+    has 8 x I rows for 132 SMs): each writes its float32 gate and up parts, and the last of a tile's SPLIT
+    to take its ticket adds them in split order (deterministic) and applies the SiLU."""
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p).to(tl.int64)
     WG: tl.constexpr = GROUP // 8
     RW = ROW // 4
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    tile = tl.program_id(1)
+    rn = tile * BN + tl.arange(0, BN)
     n_ok = rn < I
     g_rows = w_ptr.to(tl.pointer_type(tl.int32)) + (e * (2 * I) + rn.to(tl.int64)) * RW
     u_rows = g_rows + I * RW
@@ -620,30 +624,54 @@ def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, H, I, G, ROW, ONE, TOP
     x_row = x_ptr + (p // TOPK).to(tl.int64) * H
     out_g = tl.zeros((BN,), dtype=tl.float32)
     out_u = tl.zeros((BN,), dtype=tl.float32)
-    for s in range(0, G // GPS):
+    sp = tl.program_id(2)
+    steps = G // GPS // SPLIT
+    for s in range(sp * steps, (sp + 1) * steps):
         wg, sg = _load_words(g_rows, g_s, s, n_ok, GPS, WG)
         wu, su = _load_words(u_rows, u_s, s, n_ok, GPS, WG)
         dg, sx = _words_step(wg, x_row + s * GPS * GROUP, ONE, GPS, WG)
         du, _ = _words_step(wu, x_row + s * GPS * GROUP, ONE, GPS, WG)
         out_g += tl.sum(sg * (128.0 * dg - 136.0 * sx[None, :]), 1)
         out_u += tl.sum(su * (128.0 * du - 136.0 * sx[None, :]), 1)
-    act = out_g / (1.0 + tl.exp(-out_g)) * out_u
-    tl.store(act_ptr + p.to(tl.int64) * I + rn, act, mask=n_ok)
+    out_at = act_ptr + p.to(tl.int64) * I + rn
+    if SPLIT == 1:
+        tl.store(out_at, out_g / (1.0 + tl.exp(-out_g)) * out_u, mask=n_ok)
+    else:
+        part_at = part_ptr + p.to(tl.int64) * (2 * I) + rn
+        stride = n_pairs * 2 * I
+        tl.store(part_at + sp * stride, out_g, mask=n_ok)
+        tl.store(part_at + sp * stride + I, out_u, mask=n_ok)
+        tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
+        ticket = ticket_ptr + p * tl.num_programs(1) + tile
+        if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
+            gs = tl.zeros((BN,), dtype=tl.float32)
+            us = tl.zeros((BN,), dtype=tl.float32)
+            for i in tl.static_range(SPLIT):  # split order, whoever came last
+                gs += tl.load(part_at + i * stride, mask=n_ok, other=0.0, cache_modifier=".cg")
+                us += tl.load(part_at + i * stride + I, mask=n_ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_at, gs / (1.0 + tl.exp(-gs)) * us, mask=n_ok)
+            tl.atomic_xchg(ticket, 0)
 
 
 @triton.jit
-def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, G, ROW, ONE, TOPK: tl.constexpr,
-                BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr, HAS_RES: tl.constexpr):
+def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, part_ptr, ticket_ptr, out_ptr, M, H, I, G, ROW,
+                ONE, TOPK: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr, GPS: tl.constexpr,
+                HAS_RES: tl.constexpr, SPLIT: tl.constexpr):
     """_down_cc with the words' unpacking: per token and BN output columns, its TOPK experts in a fixed
-    order, each pair's float32 activation dotted with the expert's rows, times its weight; one bf16 store."""
+    order, each pair's float32 activation dotted with the expert's rows, times its weight; one bf16 store.
+    With SPLIT > 1 the experts are shared by SPLIT programs (TOPK / SPLIT each: M1 has one token, so H / BN
+    programs otherwise), each writing a float32 part; the last of a tile's SPLIT to take its ticket adds
+    them in split order (deterministic), the residual, and stores the row."""
     t = tl.program_id(0).to(tl.int64)
     WG: tl.constexpr = GROUP // 8
     RW = ROW // 4
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    tile = tl.program_id(1)
+    rn = tile * BN + tl.arange(0, BN)
     n_ok = rn < H
     words = w_ptr.to(tl.pointer_type(tl.int32))
     acc = tl.zeros((BN,), dtype=tl.float32)
-    for k in range(0, TOPK):
+    sp = tl.program_id(2)
+    for k in range(sp * (TOPK // SPLIT), (sp + 1) * (TOPK // SPLIT)):
         pair = t * TOPK + k
         e = tl.load(ids_ptr + pair).to(tl.int64)
         rows = words + (e * H + rn.to(tl.int64)) * RW
@@ -654,9 +682,23 @@ def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, out_ptr, H, I, 
             d, sx = _words_step(wd, act_ptr + pair * I + s * GPS * GROUP, ONE, GPS, WG)
             part += tl.sum(sd * (128.0 * d - 136.0 * sx[None, :]), 1)
         acc += tl.load(tw_ptr + pair) * part
-    if HAS_RES:
-        acc += tl.load(res_ptr + t * H + rn, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)
+    if SPLIT > 1:
+        part_at = part_ptr + t * H + rn
+        tl.store(part_at + sp * M * H, acc, mask=n_ok)
+        tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
+        ticket = ticket_ptr + t * tl.num_programs(1) + tile
+        if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
+            acc = tl.zeros((BN,), dtype=tl.float32)
+            for i in tl.static_range(SPLIT):  # split order, whoever came last
+                acc += tl.load(part_at + i * M * H, mask=n_ok, other=0.0, cache_modifier=".cg")
+            if HAS_RES:
+                acc += tl.load(res_ptr + t * H + rn, mask=n_ok, other=0.0).to(tl.float32)
+            tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)
+            tl.atomic_xchg(ticket, 0)
+    else:
+        if HAS_RES:
+            acc += tl.load(res_ptr + t * H + rn, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)
 
 
 _TICKETS: dict = {}
@@ -739,13 +781,21 @@ def _fused_moe_cc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     if cfg.get("UNPACK", "bytes") == "words":  # one pair a program row; 32-bit words, one fma a weight
         if bt != 1:
             raise ValueError(f"UNPACK words runs one pair a block (BT 1), not BT {bt}")
-        _gate_up_words[(n_pairs, triton.cdiv(I, bn_up))](
-            x, w13, w13_scale, ids, act, H, I, H // group, H // 2, ONE, TOPK=topk, BN=bn_up, GROUP=group, GPS=gps_up,
+        split_up, split_down = int(cfg.get("SPLIT_UP", 1)), int(cfg.get("SPLIT_DOWN", 1))
+        if (H // group // gps_up) % split_up or topk % split_down:
+            raise ValueError(f"SPLIT_UP {split_up} must divide the {H // group // gps_up} steps along K and "
+                             f"SPLIT_DOWN {split_down} the {topk} experts of a token")
+        up_tiles, down_tiles = triton.cdiv(I, bn_up), triton.cdiv(H, bn_down)
+        parts = torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=x.device) if split_up > 1 else act
+        _gate_up_words[(n_pairs, up_tiles, split_up)](
+            x, w13, w13_scale, ids, act, parts, _tickets(n_pairs * up_tiles, x.device, "up"), n_pairs, H, I,
+            H // group, H // 2, ONE, TOPK=topk, BN=bn_up, GROUP=group, GPS=gps_up, SPLIT=split_up,
             **_launch(cfg, "up", cuda))
-        _down_words[(M, triton.cdiv(H, bn_down))](
-            act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, out, H, I,
-            I // group, I // 2, ONE, TOPK=topk, BN=bn_down, GROUP=group, GPS=gps_down, HAS_RES=residual is not None,
-            **_launch(cfg, "down", cuda))
+        down_parts = torch.empty(split_down, M, H, dtype=torch.float32, device=x.device) if split_down > 1 else act
+        _down_words[(M, down_tiles, split_down)](
+            act, w2, w2_scale, topk_weights.reshape(-1).float(), ids, x if residual is None else residual, down_parts,
+            _tickets(M * down_tiles, x.device, "down"), out, M, H, I, I // group, I // 2, ONE, TOPK=topk, BN=bn_down,
+            GROUP=group, GPS=gps_down, HAS_RES=residual is not None, SPLIT=split_down, **_launch(cfg, "down", cuda))
         return out
     _gate_up_cc[(blocks, triton.cdiv(I, bn_up))](
         x, w13, w13_scale, *route, ids, act, n_pairs, H, I, H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group,
