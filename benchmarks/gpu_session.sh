@@ -253,12 +253,14 @@ for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", 
                  --section WarpStateStats --section SchedulerStats --page details --csv \
                  python3 benchmarks/moe_breakdown.py --m $m --plain --calls 1
              done ;;
-    # Issue 18: where the MoE solution's time goes (per kernel), its CUDA-core path forced at M16, and ncu at M1.
+    # Issue 18: where the MoE solution's time goes (per kernel), the words' unpacking forced at M1 (split
+    # K and experts), and ncu on the CUDA-core kernels at M1.
     solution-moe-profile) step solution-moe-breakdown 120 python3 benchmarks/moe_breakdown.py --solution --m 1 --calls 40
-                          step solution-moe-breakdown-cc16 120 python3 benchmarks/moe_breakdown.py --solution --m 16 \
-                            --config '{"PATH": "cc", "BT": 8, "BN_UP": 16, "GPS_UP": 2, "BN_DOWN": 16, "GPS_DOWN": 2}'
+                          step solution-moe-breakdown-words 120 python3 benchmarks/moe_breakdown.py --solution --m 1 \
+                            --config '{"PATH": "cc", "BT": 1, "UNPACK": "words", "BN_UP": 64, "GPS_UP": 1, "SPLIT_UP": 2,
+                                       "warps_up": 2, "BN_DOWN": 64, "GPS_DOWN": 1, "SPLIT_DOWN": 2, "warps_down": 2}'
                           NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
-                          step solution-moe-ncu 150 "$NCU" --clock-control none --target-processes all -k "regex:_cc" \
+                          step solution-moe-ncu 150 "$NCU" --clock-control none --target-processes all -k "regex:_cc|_words" \
                             --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
                             --section LaunchStats --section WarpStateStats --section SchedulerStats --page details --csv \
                             python3 benchmarks/moe_breakdown.py --solution --m 1 --plain --calls 1 ;;
