@@ -115,7 +115,7 @@ class Router:
                     await resp.read()
                     if resp.status != 200:
                         return web.Response(status=503, text=f"replica {r.index}: {resp.status}")
-            except (OSError, asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - not up yet
+            except Exception as exc:  # noqa: BLE001 - refused, reset, timed out: not up yet
                 return web.Response(status=503, text=f"replica {r.index}: {type(exc).__name__}")
         return web.Response(status=200, text="ok")
 
