@@ -326,6 +326,16 @@ def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constex
 
 
 @triton.jit
+def _parts_sum(at, stride, mask, SPLIT: tl.constexpr):
+    """The SPLIT float32 parts at `at + i * stride` added in split order, whichever program arrived last
+    (deterministic); loaded past L1 (.cg), where a line read before the other parts were written may sit."""
+    total = tl.zeros(at.shape, dtype=tl.float32)
+    for i in tl.static_range(SPLIT):
+        total += tl.load(at + i * stride, mask=mask, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
              ticket_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
              GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
@@ -376,11 +386,8 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
         tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
         ticket = ticket_ptr + b * tl.num_programs(1) + tile
         if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
-            gs = tl.zeros((BN, BT), dtype=tl.float32)
-            us = tl.zeros((BN, BT), dtype=tl.float32)
-            for i in tl.static_range(SPLIT):  # split order, whoever came last
-                gs += tl.load(part_at + i * stride, mask=keep, other=0.0, cache_modifier=".cg")
-                us += tl.load(part_at + i * stride + I, mask=keep, other=0.0, cache_modifier=".cg")
+            gs = _parts_sum(part_at, stride, keep, SPLIT)
+            us = _parts_sum(part_at + I, stride, keep, SPLIT)
             act = gs / (1.0 + tl.exp(-gs)) * us
             tl.store(out_at, _bf16_rne(act) if F32 else act.to(tl.bfloat16), mask=keep)
             tl.atomic_xchg(ticket, 0)
@@ -644,11 +651,8 @@ def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, part_ptr, ticket_ptr, 
         tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
         ticket = ticket_ptr + p * tl.num_programs(1) + tile
         if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
-            gs = tl.zeros((BN,), dtype=tl.float32)
-            us = tl.zeros((BN,), dtype=tl.float32)
-            for i in tl.static_range(SPLIT):  # split order, whoever came last
-                gs += tl.load(part_at + i * stride, mask=n_ok, other=0.0, cache_modifier=".cg")
-                us += tl.load(part_at + i * stride + I, mask=n_ok, other=0.0, cache_modifier=".cg")
+            gs = _parts_sum(part_at, stride, n_ok, SPLIT)
+            us = _parts_sum(part_at + I, stride, n_ok, SPLIT)
             tl.store(out_at, gs / (1.0 + tl.exp(-gs)) * us, mask=n_ok)
             tl.atomic_xchg(ticket, 0)
 
@@ -688,9 +692,7 @@ def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, part_ptr, ticke
         tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
         ticket = ticket_ptr + t * tl.num_programs(1) + tile
         if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
-            acc = tl.zeros((BN,), dtype=tl.float32)
-            for i in tl.static_range(SPLIT):  # split order, whoever came last
-                acc += tl.load(part_at + i * M * H, mask=n_ok, other=0.0, cache_modifier=".cg")
+            acc = _parts_sum(part_at, M * H, n_ok, SPLIT)
             if HAS_RES:
                 acc += tl.load(res_ptr + t * H + rn, mask=n_ok, other=0.0).to(tl.float32)
             tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)

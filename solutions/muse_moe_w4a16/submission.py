@@ -33,9 +33,9 @@ added). PREFETCH issues the next step's loads before this step's arithmetic (Tri
 loads that feed a tl.dot). UNPACK "words" (`_gate_up_words`, `_down_words`, one pair a program row): the
 weights read as 32-bit words, nibble J of a word shifted to bits 16-19 and or'ed into the pattern of 1.0
 (1 + n/128, exact), one fma a weight into an accumulator per (row, word); a group's sum_k (n_k - 8) x_k is
-128 * sum_k (1 + n_k/128) x_k - 136 * sum_k x_k, the second shared by every row. About 5 instructions a
-weight in the K loop against the bytes' 6.8-8 (SASS, benchmarks/static_kernels.py): at M1 the GEMV is
-bound by the SMs' issue rate, not by the memory (twelfth session).
+128 * sum_k (1 + n_k/128) x_k - 136 * sum_k x_k, the second shared by every row. 3.8 instructions a
+weight in gate/up's K loop and 4.9 in down's (at 4 rows a thread) against the bytes' 6.8-9.5 (SASS,
+benchmarks/static_kernels.py): at M1 the GEMV is bound by the SMs' issue rate, not by the memory.
 
 Every kernel takes a weight row's bytes as an argument (ROW), so the JIT sees its divisibility by 16 and
 loads 16 bytes a thread. On a CPU (Triton's interpreter: no PTX, a wrong bf16 dot) the dots run in float32
@@ -231,6 +231,16 @@ def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constex
 
 
 @triton.jit
+def _parts_sum(at, stride, mask, SPLIT: tl.constexpr):
+    """The SPLIT float32 parts at `at + i * stride` added in split order, whichever program arrived last
+    (deterministic); loaded past L1 (.cg), where a line read before the other parts were written may sit."""
+    total = tl.zeros(at.shape, dtype=tl.float32)
+    for i in tl.static_range(SPLIT):
+        total += tl.load(at + i * stride, mask=mask, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
              ticket_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
              GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
@@ -281,11 +291,8 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
         tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
         ticket = ticket_ptr + b * tl.num_programs(1) + tile
         if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
-            gs = tl.zeros((BN, BT), dtype=tl.float32)
-            us = tl.zeros((BN, BT), dtype=tl.float32)
-            for i in tl.static_range(SPLIT):  # split order, whoever came last
-                gs += tl.load(part_at + i * stride, mask=keep, other=0.0, cache_modifier=".cg")
-                us += tl.load(part_at + i * stride + I, mask=keep, other=0.0, cache_modifier=".cg")
+            gs = _parts_sum(part_at, stride, keep, SPLIT)
+            us = _parts_sum(part_at + I, stride, keep, SPLIT)
             act = gs / (1.0 + tl.exp(-gs)) * us
             tl.store(out_at, _bf16_rne(act) if F32 else act.to(tl.bfloat16), mask=keep)
             tl.atomic_xchg(ticket, 0)
@@ -549,11 +556,8 @@ def _gate_up_words(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, part_ptr, ticket_ptr, 
         tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
         ticket = ticket_ptr + p * tl.num_programs(1) + tile
         if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
-            gs = tl.zeros((BN,), dtype=tl.float32)
-            us = tl.zeros((BN,), dtype=tl.float32)
-            for i in tl.static_range(SPLIT):  # split order, whoever came last
-                gs += tl.load(part_at + i * stride, mask=n_ok, other=0.0, cache_modifier=".cg")
-                us += tl.load(part_at + i * stride + I, mask=n_ok, other=0.0, cache_modifier=".cg")
+            gs = _parts_sum(part_at, stride, n_ok, SPLIT)
+            us = _parts_sum(part_at + I, stride, n_ok, SPLIT)
             tl.store(out_at, gs / (1.0 + tl.exp(-gs)) * us, mask=n_ok)
             tl.atomic_xchg(ticket, 0)
 
@@ -593,9 +597,7 @@ def _down_words(act_ptr, w_ptr, s_ptr, tw_ptr, ids_ptr, res_ptr, part_ptr, ticke
         tl.debug_barrier()  # the whole part is written before the ticket is taken (release)
         ticket = ticket_ptr + t * tl.num_programs(1) + tile
         if tl.atomic_add(ticket, 1, sem="acq_rel") == SPLIT - 1:
-            acc = tl.zeros((BN,), dtype=tl.float32)
-            for i in tl.static_range(SPLIT):  # split order, whoever came last
-                acc += tl.load(part_at + i * M * H, mask=n_ok, other=0.0, cache_modifier=".cg")
+            acc = _parts_sum(part_at, M * H, n_ok, SPLIT)
             if HAS_RES:
                 acc += tl.load(res_ptr + t * H + rn, mask=n_ok, other=0.0).to(tl.float32)
             tl.store(out_ptr + t * H + rn, acc.to(tl.bfloat16), mask=n_ok)
