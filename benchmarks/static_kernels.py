@@ -127,13 +127,15 @@ def rows() -> list[dict]:
         add("solution _down_words", solution._down_words, {**moe, "BN": bn, "GPS": gps, "HAS_RES": False, "SPLIT": 2},
             w, 1,
             weights=bn * gps * 128 / (32 * w))
-    for rows_, bn, w, s in [(0, 64, 2, 2), (1, 64, 2, 2), (0, 128, 4, 3), (1, 128, 4, 3)]:
+    # POST 0: each weight scaled in bf16 as the production kernel does; POST 1 (BT <= 32): the group's sums
+    for rows_, bn, w, s, post in [(0, 64, 2, 2, 1), (1, 64, 2, 2, 1), (0, 128, 4, 3, 1), (1, 128, 4, 3, 1),
+                                  (1, 64, 2, 2, 0)]:
         # a trip of the tensor-core kernels' K loop is one quantisation group (128 k) of BN rows (gate and up)
         add("solution _gate_up (tensor cores)", solution._gate_up,
-            {**moe, "BT": 16, "BN": bn, "SPLIT": 2, "F32": False, "ROWS": rows_}, w, s,
+            {**moe, "BT": 16, "BN": bn, "SPLIT": 2, "F32": False, "ROWS": rows_, "POST": post}, w, s,
             weights=2 * bn * 128 / (32 * w))
         add("solution _down (tensor cores)", solution._down,
-            {**moe, "BT": 16, "BN": bn, "SPLIT": 1, "F32": False, "ROWS": rows_}, w, s,
+            {**moe, "BT": 16, "BN": bn, "SPLIT": 1, "F32": False, "ROWS": rows_, "POST": post}, w, s,
             pointers={"act_ptr": "*bf16", "out_ptr": "*bf16"}, weights=bn * 128 / (32 * w))
     # the layers' own kernels, as their generated submissions define them
     decode = _module(ROOT / "solutions" / "muse_decode_layer" / "submission.py", "solution_decode_layer")

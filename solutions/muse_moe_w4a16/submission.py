@@ -173,50 +173,93 @@ def _scatter(ids_ptr, rank_ptr, estart_ptr, spair_ptr, sexp_ptr, n_pairs, BLOCK:
 
 
 @triton.jit
-def _dequant(packed, scale):
-    """(lo, hi): bf16 (n - 8) * scale of each byte's low / high nibble; `scale` bf16 of packed's shape."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 a, b, c, d, k;
-        mov.b32 k, 0x43084308;
-        prmt.b32 a, $4, 0, 0x4140;
-        prmt.b32 b, $4, 0, 0x4342;
-        shr.u32 c, a, 4;
-        shr.u32 d, b, 4;
-        lop3.b32 a, a, 0x000F000F, 0x43004300, 0xEA;
-        lop3.b32 b, b, 0x000F000F, 0x43004300, 0xEA;
-        lop3.b32 c, c, 0x000F000F, 0x43004300, 0xEA;
-        lop3.b32 d, d, 0x000F000F, 0x43004300, 0xEA;
-        sub.rn.bf16x2 a, a, k;
-        sub.rn.bf16x2 b, b, k;
-        sub.rn.bf16x2 c, c, k;
-        sub.rn.bf16x2 d, d, k;
-        mul.rn.bf16x2 $0, a, $5;
-        mul.rn.bf16x2 $1, b, $6;
-        mul.rn.bf16x2 $2, c, $5;
-        mul.rn.bf16x2 $3, d, $6;
-        }""",
-        "=r,=r,=r,=r,r,r,r", [packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+def _dequant(packed, scale, SCALED: tl.constexpr):
+    """(lo, hi): bf16 (n - 8) of each byte's low / high nibble, times `scale` (bf16 of packed's shape, one
+    rounding of the product) where SCALED; exact without."""
+    if SCALED:
+        out = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, b, c, d, k;
+            mov.b32 k, 0x43084308;
+            prmt.b32 a, $4, 0, 0x4140;
+            prmt.b32 b, $4, 0, 0x4342;
+            shr.u32 c, a, 4;
+            shr.u32 d, b, 4;
+            lop3.b32 a, a, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 b, b, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 c, c, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 d, d, 0x000F000F, 0x43004300, 0xEA;
+            sub.rn.bf16x2 a, a, k;
+            sub.rn.bf16x2 b, b, k;
+            sub.rn.bf16x2 c, c, k;
+            sub.rn.bf16x2 d, d, k;
+            mul.rn.bf16x2 $0, a, $5;
+            mul.rn.bf16x2 $1, b, $6;
+            mul.rn.bf16x2 $2, c, $5;
+            mul.rn.bf16x2 $3, d, $6;
+            }""",
+            "=r,=r,=r,=r,r,r,r", [packed, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        out = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, b, c, d, k;
+            mov.b32 k, 0x43084308;
+            prmt.b32 a, $4, 0, 0x4140;
+            prmt.b32 b, $4, 0, 0x4342;
+            shr.u32 c, a, 4;
+            shr.u32 d, b, 4;
+            lop3.b32 a, a, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 b, b, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 c, c, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 d, d, 0x000F000F, 0x43004300, 0xEA;
+            sub.rn.bf16x2 $0, a, k;
+            sub.rn.bf16x2 $1, b, k;
+            sub.rn.bf16x2 $2, c, k;
+            sub.rn.bf16x2 $3, d, k;
+            }""",
+            "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return out
 
 
 @triton.jit
-def _mac(acc, packed, scale, xt, F32: tl.constexpr, ROWS: tl.constexpr):
+def _mac(acc, packed, scale, xt, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr):
     """acc [BN, BT] + W [BN, GROUP] @ xt [GROUP, BT]: W the tile `packed` [BN, GROUP // 2] of one
-    quantisation group (low nibble first along K) times its scales `scale` [BN], rounded to bf16.
+    quantisation group (low nibble first along K) times its scales `scale` [BN].
     ROWS: the tokens as the dot's first operand instead, acc [BT, BN] + xt [BT, GROUP] @ W^T (the
-    production kernel's orientation; the tokens' rows load along K)."""
+    production kernel's orientation; the tokens' rows load along K).
+    Two dots of K = GROUP / 2, by k's parity: the low nibbles (even k) against x's even k, the high (odd k)
+    against its odd k. The unpacked halves go to the tensor cores as they are; interleaving them back into
+    k's order cost ~1.6 PRMTs a weight in SASS (benchmarks/static_kernels.py), x's split costs nothing.
+    POST: the dots take the exact n - 8 and the group's scale multiplies their float32 sums (one FFMA an
+    accumulator a group: BT / GROUP a weight, against the 0.5 a weight of bf16x2 multiplies it saves; for
+    decode's BT <= 32). Without, each weight is rounded to bf16 as (n - 8) * scale, as the production
+    kernel does."""
+    if ROWS:
+        xe, xo = tl.split(xt.reshape(xt.shape[0], xt.shape[1] // 2, 2))
+    else:
+        xe, xo = tl.split(tl.permute(xt.reshape(xt.shape[0] // 2, 2, xt.shape[1]), (0, 2, 1)))
     # (if / else, never an early return: Triton's compiler would also build the code after a returning branch)
     if F32:
-        q = tl.interleave((packed & 0xF).to(tl.int32) - 8, (packed >> 4).to(tl.int32) - 8).to(tl.float32)
-        w = _bf16_rne(q * scale.to(tl.float32)[:, None]).to(tl.float32)
-        xt = xt.to(tl.float32)
+        s = scale.to(tl.float32)[:, None]
+        lo = ((packed & 0xF).to(tl.int32) - 8).to(tl.float32)
+        hi = ((packed >> 4).to(tl.int32) - 8).to(tl.float32)
+        if not POST:
+            lo = _bf16_rne(lo * s).to(tl.float32)
+            hi = _bf16_rne(hi * s).to(tl.float32)
+        xe = xe.to(tl.float32)
+        xo = xo.to(tl.float32)
     else:
-        lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape))
-        w = tl.interleave(lo, hi)
-    if ROWS:
-        out = tl.dot(xt, tl.trans(w), acc)
+        lo, hi = _dequant(packed, tl.broadcast_to(scale[:, None], packed.shape), not POST)
+    if POST:
+        sc = scale.to(tl.float32)
+        if ROWS:
+            out = acc + tl.dot(xo, tl.trans(hi), tl.dot(xe, tl.trans(lo))) * sc[None, :]
+        else:
+            out = acc + tl.dot(hi, xo, tl.dot(lo, xe)) * sc[:, None]
+    elif ROWS:
+        out = tl.dot(xo, tl.trans(hi), tl.dot(xe, tl.trans(lo), acc))
     else:
-        out = tl.dot(w, xt, acc)
+        out = tl.dot(hi, xo, tl.dot(lo, xe, acc))
     return out
 
 
@@ -243,7 +286,7 @@ def _parts_sum(at, stride, mask, SPLIT: tl.constexpr):
 @triton.jit
 def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
              ticket_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-             GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
+             GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr):
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
         return
@@ -254,7 +297,9 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
     n_ok = rn < I
     rk = tl.arange(0, GROUP)
     half = tl.arange(0, GROUP // 2)
-    gate_rows = w_ptr + e * (2 * I) * ROW + rn[:, None].to(tl.int64) * ROW
+    # rows past the end read the last row's (their results are never stored): the weights' loads need no
+    # mask, whose per-byte select and repacking cost ~1.5 instructions a weight (SASS)
+    gate_rows = w_ptr + e * (2 * I) * ROW + tl.minimum(rn, I - 1)[:, None].to(tl.int64) * ROW
     up_rows = gate_rows + I * ROW
     gate_s = s_ptr + e * (2 * I) * G + rn * G
     up_s = gate_s + I * G
@@ -271,10 +316,10 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
         else:
             xt = tl.load(x_ptr + tok[None, :] * H + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
         cols = (g * (GROUP // 2) + half)[None, :]
-        pg = tl.load(gate_rows + cols, mask=n_ok[:, None], other=0x88)
-        pu = tl.load(up_rows + cols, mask=n_ok[:, None], other=0x88)
-        acc_g = _mac(acc_g, pg, tl.load(gate_s + g, mask=n_ok, other=0.0), xt, F32, ROWS)
-        acc_u = _mac(acc_u, pu, tl.load(up_s + g, mask=n_ok, other=0.0), xt, F32, ROWS)
+        pg = tl.load(gate_rows + cols)
+        pu = tl.load(up_rows + cols)
+        acc_g = _mac(acc_g, pg, tl.load(gate_s + g, mask=n_ok, other=0.0), xt, F32, ROWS, POST)
+        acc_u = _mac(acc_u, pu, tl.load(up_s + g, mask=n_ok, other=0.0), xt, F32, ROWS, POST)
     if ROWS:  # back to [BN, BT] for the epilogue
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -301,7 +346,7 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
 @triton.jit
 def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, part_ptr,
           ticket_ptr, out_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-          GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr):
+          GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr):
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
         return
@@ -312,7 +357,7 @@ def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_p
     n_ok = rn < H
     rk = tl.arange(0, GROUP)
     half = tl.arange(0, GROUP // 2)
-    rows = w_ptr + e * H * ROW + rn[:, None].to(tl.int64) * ROW
+    rows = w_ptr + e * H * ROW + tl.minimum(rn, H - 1)[:, None].to(tl.int64) * ROW  # no mask (see _gate_up)
     scales = s_ptr + e * H * G + rn * G
     acc = tl.zeros((BT, BN) if ROWS else (BN, BT), dtype=tl.float32)
     sp = tl.program_id(2)
@@ -321,8 +366,8 @@ def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_p
             at = tl.load(act_ptr + pair[:, None] * I + (g * GROUP + rk)[None, :], mask=mine[:, None], other=0.0)
         else:
             at = tl.load(act_ptr + pair[None, :] * I + (g * GROUP + rk)[:, None], mask=mine[None, :], other=0.0)
-        p = tl.load(rows + (g * (GROUP // 2) + half)[None, :], mask=n_ok[:, None], other=0x88)
-        acc = _mac(acc, p, tl.load(scales + g, mask=n_ok, other=0.0), at, F32, ROWS)
+        p = tl.load(rows + (g * (GROUP // 2) + half)[None, :])
+        acc = _mac(acc, p, tl.load(scales + g, mask=n_ok, other=0.0), at, F32, ROWS, POST)
     if ROWS:
         acc = tl.trans(acc)
     acc = acc * tl.load(tw_ptr + pair, mask=mine, other=0.0)[None, :]
@@ -719,6 +764,7 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     bt, bn_up, bn_down = int(cfg["BT"]), int(cfg["BN_UP"]), int(cfg["BN_DOWN"])
     split_up, split_down = int(cfg["SPLIT_UP"]), int(cfg["SPLIT_DOWN"])
     rows = bool(cfg.get("ROWS", 0))  # the tokens as the dot's first operand (the production orientation)
+    post = bt <= 32  # each group's scale on the dots' sums, not on every weight (see _mac)
     for name, split, groups in (("SPLIT_UP", split_up, H // group), ("SPLIT_DOWN", split_down, I // group)):
         if groups % split:
             raise ValueError(f"{name} = {split} must divide the {groups} quantisation groups along K")
@@ -731,14 +777,15 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
     _gate_up[(max_blocks, up_tiles, split_up)](
         x, w13, w13_scale, *route, act, parts, _tickets(max_blocks * up_tiles, dev, "up"), n_pairs, H, I,
-        H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, **up_launch)
+        H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, POST=post,
+        **up_launch)
     down_tiles = triton.cdiv(H, bn_down)
     out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
     pair_out = torch.empty(split_down, n_pairs, H, dtype=torch.float32, device=dev)
     _down[(max_blocks, down_tiles, split_down)](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), *route, pair_out,
         _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, I // 2, TOPK=topk, BT=bt, BN=bn_down,
-        GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, **down_launch)
+        GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, POST=post, **down_launch)
     return out
 
 
