@@ -45,7 +45,11 @@ GRIDS = {
     # (MAX_SIZE: M16's 128 pairs took 1.0 ms on it against the tensor cores' 0.45, twelfth session).
     # At M1 the words' unpacking (UNPACK words: 3.8-5 instructions a weight in its loop against the bytes' 6.8-8,
     # benchmarks/static_kernels.py) first, then the bytes' with PREFETCH.
+    # The tensor-core kernels' loop fell from 5.0-5.4 to 2.4-2.8 instructions a weight in the fourteenth session
+    # (no mask on the weights' loads, no interleave, the scale on the sums), so their tiles are searched again,
+    # and at M1 too (last: it sets every key of the path).
     "muse_moe_w4a16": [{"ROWS": [0, 1], "SPLIT_UP": [1, 2], "warps_up": [2, 4], "warps_down": [2, 4], MIN_SIZE: 16},
+                       {"BN_UP": [64, 128], "BN_DOWN": [64, 128], "SPLIT_DOWN": [1, 2], MIN_SIZE: 16},
                        # M1's 8 pairs x 3,072 rows are few for 132 SMs: 1-2 warps a program, K split in 2-4
                        # (the last split of a tile adds the parts); the down GEMV's 8 experts split likewise
                        {"PATH": ["cc"], "BT": [1], "UNPACK": ["words"], "BN_UP": [32, 64], "warps_up": [1, 2, 4],
@@ -55,7 +59,10 @@ GRIDS = {
                        {"GPS_UP": [1, 2], "GPS_DOWN": [1, 2], MAX_SIZE: 8},
                        {"UNPACK": ["bytes"], "BN_UP": [8, 16, 32], "GPS_UP": [4, 8], "PREFETCH": [0, 1],
                         "warps_up": [4], "BN_DOWN": [8], "GPS_DOWN": [4], "warps_down": [4], MAX_SIZE: 8},
-                       {"warps_up": [1, 2, 4, 8], MAX_SIZE: 8}],
+                       {"warps_up": [1, 2, 4, 8], MAX_SIZE: 8},
+                       {"PATH": ["tc"], "BT": [16], "ROWS": [1], "BN_UP": [32, 64], "SPLIT_UP": [2, 4], "warps_up": [2],
+                        "stages_up": [2], "BN_DOWN": [64], "SPLIT_DOWN": [1, 2], "warps_down": [2], "stages_down": [2],
+                        MAX_SIZE: 8}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
                               {"num_warps": [4, 8], "num_stages": [2, 3, 4]}],
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
