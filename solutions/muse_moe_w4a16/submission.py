@@ -15,8 +15,12 @@ PATH "tc", the tensor cores:
    an atomic count, `_cut` scans the counts and cuts the runs into blocks, `_scatter` places the pairs.
 2. `_gate_up`: per block and BN columns of the intermediate, acc[BN, BT] = W[BN, K] @ x^T[K, BT] (or, ROWS,
    acc[BT, BN] = x[BT, K] @ W^T: the production orientation), the int4 nibbles unpacked four bytes per
-   32-bit word in PTX (the bf16 pattern 0x4300 or'ed onto each nibble is 128 + n; minus 136, times the
-   scale: bf16x2 arithmetic, one rounding of the product). SiLU(gate) * up fused. With SPLIT_UP > 1 the K
+   32-bit word in PTX (the bf16 pattern 0x4300 or'ed onto each nibble is 128 + n; minus 136 in bf16x2),
+   the low nibbles (even k) and the high (odd k) dotted with x's even and odd k as they are (no
+   interleave), the weights loaded without a mask (rows past the end clamped), and at decode's BT <= 32
+   the group's scale applied to the dots' float32 sums (POST): 2.4-2.8 SASS instructions a weight in the
+   K loop against 5.0-5.4 with all three undone (benchmarks/static_kernels.py; the production kernel's
+   5.8-6.3). SiLU(gate) * up fused. With SPLIT_UP > 1 the K
    range is shared and the last program of a tile to take its ticket adds the fp32 parts in split order
    and applies the SiLU (deterministic, no second kernel).
 3. `_down`: the same over K = I, each pair's row scaled by its top-k weight and written as an fp32 part;
