@@ -5,7 +5,7 @@
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
 # Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all solutions-moe-layer solutions-rest solutions-moe-short
-# solutions-moe-layer-short
+# solutions-moe-layer-short solutions-moe-last
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -117,6 +117,12 @@ for what in "$@"; do
                          python3 solutions/build_layers.py
                          step solutions-official-layer 130 python3 benchmarks/official_eval.py --solutions \
                            --problem muse_decode_layer --timeout 120 --json "$OUT/solutions-layer.json" ;;
+    # ~250 s, the last of a budget: the MoE's official evaluation as committed, then a short search (its table)
+    solutions-moe-last) step solutions-official-moe 110 python3 benchmarks/official_eval.py --solutions \
+                          --problem muse_moe_w4a16 --timeout 100 --json "$OUT/solutions-moe.json"
+                        step tune-solution-moe 120 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --write \
+                          --seconds 0.1 --budget 90 --json "$OUT/tune-solution-moe.json"
+                        cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null ;;
     # the same within ~430 s (when failed starts have eaten the budget): a shorter search, both evaluations
     solutions-moe-layer-short) step tune-solution-moe 190 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --write \
                                  --seconds 0.1 --budget 150 --json "$OUT/tune-solution-moe.json"
