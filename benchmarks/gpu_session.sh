@@ -5,7 +5,7 @@
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
 # Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all solutions-moe-layer solutions-rest solutions-moe-short
-# solutions-moe-layer-short solutions-moe-last
+# solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -280,6 +280,14 @@ for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", 
                             --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
                             --section LaunchStats --section WarpStateStats --section SchedulerStats --page details --csv \
                             python3 benchmarks/moe_breakdown.py --solution --m 1 --plain --calls 1 ;;
+    # the tensor-core path at M16 after its loop was halved (fourteenth session): is it at the memory's rate now?
+    solution-moe-profile-tc) step solution-moe-breakdown-tc 120 python3 benchmarks/moe_breakdown.py --solution --m 16 --m 32 \
+                               --calls 40
+                             NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+                             step solution-moe-ncu-tc 150 "$NCU" --clock-control none --target-processes all \
+                               -k "regex:_gate_up$|_down$" --launch-count 2 --section SpeedOfLight \
+                               --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+                               --page details --csv python3 benchmarks/moe_breakdown.py --solution --m 16 --plain --calls 1 ;;
     moe-breakdown) step moe-breakdown 90 python3 benchmarks/moe_breakdown.py --json "$OUT/moe-breakdown.json" ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     # Issue 16: what this machine has to build with (which nvcc, nvcc --version, ninja, c++), the wheels of
