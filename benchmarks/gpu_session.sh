@@ -30,6 +30,22 @@ step() {  # name, seconds, command...
   if [ -n "${PACK:-}" ]; then tar -czf "$PACK/session.tgz" -C "$OUT" .; fi
   return $rc
 }
+# The MoE solution's steps, shared by the solutions-moe-* steps below. moe_search LIMIT BUDGET: the search (it
+# writes the best found into the solution when time runs out; a copy of the file comes back under $OUT).
+moe_search() {
+  step tune-solution-moe "$1" python3 benchmarks/tune_solutions.py muse_moe_w4a16 --write --seconds 0.1 --budget "$2" \
+    --json "$OUT/tune-solution-moe.json"
+  cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
+}
+moe_official() {
+  step solutions-official-moe 110 python3 benchmarks/official_eval.py --solutions --problem muse_moe_w4a16 \
+    --timeout 100 --json "$OUT/solutions-moe.json"
+}
+layer_official() {  # the decode layer rebuilt from its parts' CONFIGS, then evaluated
+  python3 solutions/build_layers.py
+  step solutions-official-layer 130 python3 benchmarks/official_eval.py --solutions --problem muse_decode_layer \
+    --timeout 120 --json "$OUT/solutions-layer.json"
+}
 for what in "$@"; do
   case $what in
     # The sandbox with CUDA inside it, the shared device buffers across its namespaces, and one
@@ -109,35 +125,13 @@ for what in "$@"; do
     # Issue 18, thirteenth session (the device time left after failed starts: two calls of ~550 s): the MoE's
     # search inside a budget (it writes the best found when time runs out), its official evaluation, the decode
     # layer rebuilt from it and evaluated; then the prefill layer's search and the other evaluations.
-    solutions-moe-layer) step tune-solution-moe 300 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --write \
-                           --seconds 0.1 --budget 230 --json "$OUT/tune-solution-moe.json"
-                         cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
-                         step solutions-official-moe 110 python3 benchmarks/official_eval.py --solutions \
-                           --problem muse_moe_w4a16 --timeout 100 --json "$OUT/solutions-moe.json"
-                         python3 solutions/build_layers.py
-                         step solutions-official-layer 130 python3 benchmarks/official_eval.py --solutions \
-                           --problem muse_decode_layer --timeout 120 --json "$OUT/solutions-layer.json" ;;
+    solutions-moe-layer) moe_search 300 230; moe_official; layer_official ;;
     # ~250 s, the last of a budget: the MoE's official evaluation as committed, then a short search (its table)
-    solutions-moe-last) step solutions-official-moe 110 python3 benchmarks/official_eval.py --solutions \
-                          --problem muse_moe_w4a16 --timeout 100 --json "$OUT/solutions-moe.json"
-                        step tune-solution-moe 120 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --write \
-                          --seconds 0.1 --budget 90 --json "$OUT/tune-solution-moe.json"
-                        cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null ;;
+    solutions-moe-last) moe_official; moe_search 120 90 ;;
     # the same within ~430 s (when failed starts have eaten the budget): a shorter search, both evaluations
-    solutions-moe-layer-short) step tune-solution-moe 190 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --write \
-                                 --seconds 0.1 --budget 150 --json "$OUT/tune-solution-moe.json"
-                               cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
-                               step solutions-official-moe 110 python3 benchmarks/official_eval.py --solutions \
-                                 --problem muse_moe_w4a16 --timeout 100 --json "$OUT/solutions-moe.json"
-                               python3 solutions/build_layers.py
-                               step solutions-official-layer 130 python3 benchmarks/official_eval.py --solutions \
-                                 --problem muse_decode_layer --timeout 120 --json "$OUT/solutions-layer.json" ;;
+    solutions-moe-layer-short) moe_search 190 150; moe_official; layer_official ;;
     # the same within ~300 s: the MoE's search (150 s) and its official evaluation alone
-    solutions-moe-short) step tune-solution-moe 190 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --write \
-                           --seconds 0.1 --budget 140 --json "$OUT/tune-solution-moe.json"
-                         cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
-                         step solutions-official-moe 110 python3 benchmarks/official_eval.py --solutions \
-                           --problem muse_moe_w4a16 --timeout 100 --json "$OUT/solutions-moe.json" ;;
+    solutions-moe-short) moe_search 190 140; moe_official ;;
     solutions-rest) step tune-solution-prefill 230 python3 benchmarks/tune_solutions.py muse_prefill_layer --write \
                       --seconds 0.1 --budget 150 --json "$OUT/tune-solution-prefill.json"
                     cp solutions/muse_prefill_layer/layer.py "$OUT/solution-prefill-layer.py" 2>/dev/null
