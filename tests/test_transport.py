@@ -154,3 +154,23 @@ def test_an_output_buffer_starts_poisoned():
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         assert torch.isnan(arena.view(0, dtype, [64 // dtype.itemsize])).all()
     arena.close()
+
+
+@pytest.mark.gpu
+def test_an_output_buffer_is_poisoned_before_a_worker_can_write_it():
+    """The parent queues the next seed's reference on the GPU, then makes the output buffer: its NaN fill
+    queues behind that work, and a worker that answered meanwhile had its output overwritten with NaN
+    (the attention solution judged incorrect at B32 in 5 of 6 evaluations on an H100). The buffer must be
+    poisoned, with nothing of this process left queued, by the time it is handed out."""
+    # A kernel's first launch in a process loads its module, which waits for the device: the evaluator's
+    # first fill (seed 0) was safe that way and every failure came at seed 1. Both kernels are loaded first.
+    transport.output_buffer(1 << 20, "cuda").close()
+    a = torch.randn(2048, 2048, device="cuda")
+    a = a @ a * 1e-3
+    torch.cuda.synchronize()
+    for _ in range(400):  # ~0.1 s of GPU work queued ahead in many kernels, as the reference's is
+        a = a @ a * 1e-3
+    out = transport.output_buffer(1 << 20, "cuda")
+    assert torch.cuda.current_stream().query(), "the fill is still queued when the buffer is handed out"
+    assert bool((out.flat == 0xFF).all())
+    out.close()

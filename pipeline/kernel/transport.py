@@ -363,6 +363,11 @@ def output_buffer(nbytes: int, device: str | torch.device) -> Arena:
     """A buffer for a worker's output: poisoned (NaN bytes) so that nothing stale can pass for an answer."""
     arena = Arena(nbytes, device)
     arena.flat.fill_(0xFF)  # 0xFFFF.. is a NaN in every floating dtype
+    if arena.device.type == "cuda":
+        # As in `share`: the fill is queued behind whatever this process queued before (the check's
+        # reference on the next seed's inputs); unsynchronised, it landed after the worker's answer
+        # and turned a correct output into NaN (the attention solution at B32, 5 of 6 evaluations).
+        torch.cuda.synchronize()
     return arena
 
 
