@@ -5,7 +5,7 @@
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
 # Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all solutions-moe-layer solutions-rest solutions-moe-short
-# solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc
+# solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc solutions-official-decode
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -151,6 +151,12 @@ for what in "$@"; do
                        step solutions-official-prefill 170 python3 benchmarks/official_eval.py --solutions \
                          --problem muse_prefill_layer --timeout 160 --json "$OUT/solutions-prefill.json" ;;
     # Issue 18: every solution's official evaluation as the files stand (the H200's numbers for the board's row).
+    # The four decode-time solutions' official evaluations within one call (~560 s): MoE, layer, projection, attention
+    solutions-official-decode) for pl in muse_moe_w4a16:150 muse_decode_layer:170 muse_bf16_proj:110 muse_attention_decode:110; do
+                                 p=${pl%%:*}; t=${pl##*:}
+                                 step solutions-official-$p $((t + 10)) python3 benchmarks/official_eval.py --solutions \
+                                   --problem $p --timeout $t --json "$OUT/solutions-$p.json"
+                               done ;;
     solutions-official-all) for p in muse_bf16_proj muse_attention_decode muse_moe_w4a16 muse_decode_layer muse_prefill_layer; do
                               step solutions-official-$p 170 python3 benchmarks/official_eval.py --solutions --problem $p \
                                 --timeout 160 --json "$OUT/solutions-$p.json"
