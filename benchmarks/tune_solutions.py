@@ -50,6 +50,11 @@ GRIDS = {
     # and at M1 too (last: it sets every key of the path).
     "muse_moe_w4a16": [{"ROWS": [0, 1], "SPLIT_UP": [1, 2], "warps_up": [2, 4], "warps_down": [2, 4], MIN_SIZE: 16},
                        {"BN_UP": [64, 128], "BN_DOWN": [64, 128], "SPLIT_DOWN": [1, 2], MIN_SIZE: 16},
+                       # ncu at M16 (fifteenth session): DRAM at 52-55% of peak, occupancy capped by registers: the
+                       # kernels wait on memory. The weights reach the dequant through Triton's cp.async pipeline
+                       # (LDGSTS into shared memory, SASS), so more stages are more bytes in flight for no register;
+                       # only stages 2 (M16) and 3 (M32) had ever been timed.
+                       {"stages_up": [2, 3, 4, 5], "stages_down": [2, 3, 4, 5], MIN_SIZE: 16},
                        # M1's 8 pairs x 3,072 rows are few for 132 SMs: 1-2 warps a program, K split in 2-4
                        # (the last split of a tile adds the parts); the down GEMV's 8 experts split likewise
                        {"PATH": ["cc"], "BT": [1], "UNPACK": ["words"], "BN_UP": [32, 64], "warps_up": [1, 2, 4],
@@ -62,7 +67,8 @@ GRIDS = {
                        {"warps_up": [1, 2, 4, 8], MAX_SIZE: 8},
                        {"PATH": ["tc"], "BT": [16], "ROWS": [1], "BN_UP": [32, 64], "SPLIT_UP": [2, 4], "warps_up": [2],
                         "stages_up": [2], "BN_DOWN": [64], "SPLIT_DOWN": [1, 2], "warps_down": [2], "stages_down": [2],
-                        MAX_SIZE: 8}],
+                        MAX_SIZE: 8},
+                       {"stages_up": [2, 3, 4], "stages_down": [2, 3, 4], MAX_SIZE: 8}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
                               {"num_warps": [4, 8], "num_stages": [2, 3, 4]}],
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
