@@ -117,13 +117,20 @@ def main() -> None:
                              "baseline_over_floor": p["baseline_median_us"] / p["floor_us"] if p["floor_us"] else None,
                              "fresh_over_rotation": (p.get("read_flush_us") or 0) / p["median_us"],
                              "baseline_fresh_over_rotation": (p.get("baseline_read_flush_us") or 0) / p["baseline_median_us"],
-                             "status": doc["status"], "wall_s": walls[name]})
+                             "status": doc["status"], "wall_s": walls[name],
+                             "block_overhead_us": p.get("block_overhead_us"), "wall_unexplained": p.get("wall_unexplained")})
                 print(row_line(mine[-1]), flush=True)
             rows += mine
             print(f"{name}: {doc['status']} in {walls[name]:.1f} s; flags {[f['code'] for f in doc['flags']] or 'none'}; "
                   f"score {doc['score']}", flush=True)
             print(f"{name}: where the time went: checks {phases(doc['correctness'])}; timing {phases(doc['performance'])}",
                   flush=True)
+            for p in doc["performance"]:  # the request's cost around each timed block on this host (evaluate.py)
+                o = p.get("block_overhead_us") or {}
+                if o:
+                    print(f"{name} {p['workload']}: overhead a block (ms): baseline {o['baseline'] / 1e3:.2f} beside, "
+                          f"{o['baseline_alone'] / 1e3:.2f} alone; submission {o['submission'] / 1e3:.2f}, allowed "
+                          f"{o['allowed'] / 1e3:.2f}; unexplained {p['wall_unexplained']:.2%}", flush=True)
             if args.json:
                 args.json.write_text(json.dumps({"rows": rows, "wall_s": walls}, indent=2))
     print("\n" + HEADER)
