@@ -5,7 +5,7 @@
 # Wheels for what the device image lacks (jsonschema & co.) are installed from .whl/ when present; a new checkout
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
 # Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all solutions-moe-layer solutions-rest solutions-moe-short
-# solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc solutions-official-decode
+# solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc solutions-official-decode layer-breakdown
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -288,6 +288,11 @@ for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", 
                                -k "regex:_gate_up$|_down$" --launch-count 2 --section SpeedOfLight \
                                --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
                                --page details --csv python3 benchmarks/moe_breakdown.py --solution --m 16 --plain --calls 1 ;;
+    # Issue 18: the layers' kernels, baseline beside solution (which part wins, which loses): ~150 s
+    layer-breakdown) step layer-breakdown-decode 90 python3 benchmarks/kernel_breakdown.py --problem muse_decode_layer \
+                       --json "$OUT/layer-breakdown-decode.json"
+                     step layer-breakdown-prefill 90 python3 benchmarks/kernel_breakdown.py --problem muse_prefill_layer \
+                       --shape prefill_2k --calls 10 --json "$OUT/layer-breakdown-prefill.json" ;;
     moe-breakdown) step moe-breakdown 90 python3 benchmarks/moe_breakdown.py --json "$OUT/moe-breakdown.json" ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     # Issue 16: what this machine has to build with (which nvcc, nvcc --version, ninja, c++), the wheels of

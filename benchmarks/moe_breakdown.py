@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from pipeline.kernel.evaluate import device_ceilings, floor_us  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
 
 import _fused_moe_w4a16 as fused  # noqa: E402
+from kernel_breakdown import profile  # noqa: E402
 
 KEYS = ("x", "topk_ids", "topk_weights", "w13", "w13_scale", "w2", "w2_scale")
 
@@ -61,25 +61,15 @@ def main() -> None:
                 return solution.fused_moe(*a, config=cfg)
         else:
             cfg, run = fused.config_for(m), fused.fused_moe
-        for s in sets:  # compile and warm
-            run(*(s[k] for k in KEYS))
-        torch.cuda.synchronize()
         if args.plain:
+            for s in sets:  # compile and warm
+                run(*(s[k] for k in KEYS))
+            torch.cuda.synchronize()
             print(f"M{m}: config {cfg}; warmed on {len(sets)} input sets (no profiler)")
             del sets
             continue
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for i in range(args.calls):
-                run(*(sets[i % len(sets)][k] for k in KEYS))
-            torch.cuda.synchronize()
-        per: dict[str, list[float]] = defaultdict(list)
-        for e in prof.events():
-            t = getattr(e, "device_time", None)
-            if t is None:
-                t = getattr(e, "cuda_time", 0.0)
-            if e.device_type == torch.autograd.DeviceType.CUDA and t:
-                per[e.name].append(t)
-        kernels = {name: sum(v) / args.calls for name, v in per.items()}
+        per = profile(lambda s, run=run: run(*(s[k] for k in KEYS)), sets, args.calls)
+        kernels = {name: k["us"] for name, k in per.items()}
         total = sum(kernels.values())
         used = {int(e) for s in sets for e in s["topk_ids"].flatten().tolist()}
         per_expert = sum(sets[0][k][0].numel() * sets[0][k].element_size() for k in ("w13", "w13_scale", "w2", "w2_scale"))
@@ -87,7 +77,7 @@ def main() -> None:
         gb_s = experts * per_expert / (total * 1e-6) / 1e9
         print(f"M{m}: config {cfg}; {experts:.0f} experts used per call ({len(used)} over the sets); floor {floor:.1f} us")
         for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
-            print(f"  {us:9.2f} us  {len(per[name]) / args.calls:.0f}/call  {name[:110]}")
+            print(f"  {us:9.2f} us  {per[name]['per_call']:.0f}/call  {name[:110]}")
         print(f"  {total:9.2f} us  kernels in all = {total / floor:.2f}x the floor; {gb_s:,.0f} GB/s on the used experts' bytes")
         rows.append({"M": m, "config": cfg, "floor_us": floor, "kernels_us": kernels, "total_us": total,
                      "experts": experts, "gb_s": gb_s})
