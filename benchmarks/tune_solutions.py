@@ -74,7 +74,9 @@ GRIDS = {
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
     "muse_prefill_layer": [{"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "attn_warps": [4, 8]},
                            {"BT": [32, 64, 128], "BN_UP": [64, 128], "warps_up": [4, 8]},
-                           {"BN_DOWN": [64, 128], "warps_down": [4, 8], "stages_down": [2, 3]}],
+                           {"BN_DOWN": [64, 128], "warps_down": [4, 8], "stages_down": [2, 3]},
+                           # the pipeline's depth, as for the MoE's decode sizes (bytes in flight for shared memory)
+                           {"stages_up": [2, 3, 4], "attn_stages": [2, 3]}],
 }
 # What a solution's CONFIGS are keyed by (its custom_kernel reads it off the inputs): a workload's parameter
 # (M when not named), or for the prefill layer the batch's new tokens.
