@@ -46,6 +46,12 @@ def profile(fn, sets: list[dict], calls: int) -> dict[str, dict[str, float]]:
     return {name: {"us": sum(v) / calls, "per_call": len(v) / calls} for name, v in per.items()}
 
 
+def print_kernels(kernels: dict[str, dict[str, float]], indent: str = "  ") -> None:
+    """`profile`'s kernels, the longest first: time per call, launches per call, name."""
+    for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["us"]):
+        print(f"{indent}{k['us']:9.2f} us  {k['per_call']:.0f}/call  {name[:110]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problem", required=True)
@@ -71,8 +77,7 @@ def main() -> None:
         for target, kernels in times.items():
             total = sum(k["us"] for k in kernels.values())
             print(f"  {target}: {total:.1f} us of kernels a call, {len(kernels)} kinds, {total / floor:.2f}x the floor")
-            for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["us"]):
-                print(f"    {k['us']:9.2f} us  {k['per_call']:.0f}/call  {name[:110]}")
+            print_kernels(kernels, "    ")
         rows.append({"problem": args.problem, "workload": shape.name, "floor_us": floor, "kernels_us": times,
                      "device": torch.cuda.get_device_name()})
         del sets

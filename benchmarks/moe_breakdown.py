@@ -29,7 +29,7 @@ from pipeline.kernel.evaluate import device_ceilings, floor_us  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
 
 import _fused_moe_w4a16 as fused  # noqa: E402
-from kernel_breakdown import profile  # noqa: E402
+from kernel_breakdown import print_kernels, profile  # noqa: E402
 
 KEYS = ("x", "topk_ids", "topk_weights", "w13", "w13_scale", "w2", "w2_scale")
 
@@ -76,8 +76,7 @@ def main() -> None:
         experts = sum(len(set(s["topk_ids"].flatten().tolist())) for s in sets) / len(sets)
         gb_s = experts * per_expert / (total * 1e-6) / 1e9
         print(f"M{m}: config {cfg}; {experts:.0f} experts used per call ({len(used)} over the sets); floor {floor:.1f} us")
-        for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
-            print(f"  {us:9.2f} us  {per[name]['per_call']:.0f}/call  {name[:110]}")
+        print_kernels(per)
         print(f"  {total:9.2f} us  kernels in all = {total / floor:.2f}x the floor; {gb_s:,.0f} GB/s on the used experts' bytes")
         rows.append({"M": m, "config": cfg, "floor_us": floor, "kernels_us": kernels, "total_us": total,
                      "experts": experts, "gb_s": gb_s})
