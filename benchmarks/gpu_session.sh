@@ -41,6 +41,10 @@ moe_official() {
   step solutions-official-moe 110 python3 benchmarks/official_eval.py --solutions --problem muse_moe_w4a16 \
     --timeout 100 --json "$OUT/solutions-moe.json"
 }
+official_solution() {  # PROBLEM TIMEOUT: its solution's official evaluation, the step's limit 10 s beyond
+  step solutions-official-$1 $(($2 + 10)) python3 benchmarks/official_eval.py --solutions --problem $1 \
+    --timeout $2 --json "$OUT/solutions-$1.json"
+}
 layer_official() {  # the decode layer rebuilt from its parts' CONFIGS, then evaluated
   python3 solutions/build_layers.py
   step solutions-official-layer 130 python3 benchmarks/official_eval.py --solutions --problem muse_decode_layer \
@@ -137,8 +141,7 @@ for what in "$@"; do
     solutions-rest) step tune-solution-prefill 300 python3 benchmarks/tune_solutions.py muse_prefill_layer --write \
                       --seconds 0.1 --budget 230 --json "$OUT/tune-solution-prefill.json"
                     cp solutions/muse_prefill_layer/layer.py "$OUT/solution-prefill-layer.py" 2>/dev/null
-                    step solutions-official-muse_prefill_layer 170 python3 benchmarks/official_eval.py --solutions \
-                      --problem muse_prefill_layer --timeout 160 --json "$OUT/solutions-muse_prefill_layer.json" ;;
+                    official_solution muse_prefill_layer 160 ;;
     # Issue 18: the decode layer's solution rebuilt from its parts (after a search wrote their CONFIGS), evaluated.
     solutions-layer) python3 solutions/build_layers.py && cp solutions/muse_decode_layer/submission.py "$OUT/solution-layer.py"
                      step solutions-official-layer 200 python3 benchmarks/official_eval.py --solutions \
@@ -152,14 +155,10 @@ for what in "$@"; do
                          --problem muse_prefill_layer --timeout 160 --json "$OUT/solutions-prefill.json" ;;
     # Issue 18: every solution's official evaluation as the files stand (the H200's numbers for the board's row).
     # The four decode-time solutions' official evaluations within one call (~560 s): MoE, layer, projection, attention
-    solutions-official-decode) for pl in muse_moe_w4a16:150 muse_decode_layer:170 muse_bf16_proj:110 muse_attention_decode:110; do
-                                 p=${pl%%:*}; t=${pl##*:}
-                                 step solutions-official-$p $((t + 10)) python3 benchmarks/official_eval.py --solutions \
-                                   --problem $p --timeout $t --json "$OUT/solutions-$p.json"
-                               done ;;
+    solutions-official-decode) official_solution muse_moe_w4a16 150; official_solution muse_decode_layer 170
+                               official_solution muse_bf16_proj 110; official_solution muse_attention_decode 110 ;;
     solutions-official-all) for p in muse_bf16_proj muse_attention_decode muse_moe_w4a16 muse_decode_layer muse_prefill_layer; do
-                              step solutions-official-$p 170 python3 benchmarks/official_eval.py --solutions --problem $p \
-                                --timeout 160 --json "$OUT/solutions-$p.json"
+                              official_solution $p 160
                             done ;;
     # Issue 18: the attention's solution: its chunking searched (written into its CONFIGS; keep the file), then
     # evaluated as a competitor's submission with the official method, twice.
