@@ -74,6 +74,10 @@ GRIDS = {
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
     "muse_prefill_layer": [{"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "attn_warps": [4, 8]},
                            {"BT": [32, 64, 128], "BN_UP": [64, 128], "warps_up": [4, 8]},
+                           # the orientation (ROWS: the tokens as the dot's first operand, as the production kernel);
+                           # compiled for sm_90 both are wgmma, ROWS 1's K loop 16-25% shorter (static_kernels), and
+                           # the H100 breakdown had this _down at 1.27x the baseline's at 2k (sixteenth session)
+                           {"ROWS": [0, 1], "BT": [64, 128], "warps_up": [4, 8], "warps_down": [4, 8]},
                            {"BN_DOWN": [64, 128], "warps_down": [4, 8], "stages_down": [2, 3]},
                            # the pipeline's depth, as for the MoE's decode sizes (bytes in flight for shared memory)
                            {"stages_up": [2, 3, 4], "attn_stages": [2, 3]}],

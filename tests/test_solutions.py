@@ -79,10 +79,13 @@ def test_the_projection_s_every_tiling_is_right(split, bn, bk, monkeypatch):
 
 
 MOE_VARIANTS = [  # the two searched stages' extremes: split-K on either GEMM (ticket-finished), wide tiles, BT 32
-    {"PATH": "tc", "BT": 16, "BN_UP": 32, "SPLIT_UP": 4, "BN_DOWN": 128, "SPLIT_DOWN": 2},
-    {"PATH": "tc", "BT": 32, "BN_UP": 128, "SPLIT_UP": 1, "BN_DOWN": 32, "SPLIT_DOWN": 1},
+    # (ROWS named: the defaults are M1's, ROWS 1; M16's and M32's tiles are ROWS 0)
+    {"PATH": "tc", "BT": 16, "BN_UP": 32, "SPLIT_UP": 4, "BN_DOWN": 128, "SPLIT_DOWN": 2, "ROWS": 0},
+    {"PATH": "tc", "BT": 32, "BN_UP": 128, "SPLIT_UP": 1, "BN_DOWN": 32, "SPLIT_DOWN": 1, "ROWS": 0},
     {"PATH": "tc", "BT": 16, "BN_UP": 64, "SPLIT_UP": 2, "BN_DOWN": 64, "SPLIT_DOWN": 2, "ROWS": 1},  # tokens as the first operand
-    {"PATH": "tc", "BT": 64, "BN_UP": 64, "SPLIT_UP": 1, "BN_DOWN": 64, "SPLIT_DOWN": 1},  # BT > 32: weights scaled (POST 0)
+    # BT > 32: weights scaled (POST 0), in both orientations (M1's ROWS 1 is the default, so ROWS 0 named)
+    {"PATH": "tc", "BT": 64, "BN_UP": 64, "SPLIT_UP": 1, "BN_DOWN": 64, "SPLIT_DOWN": 1, "ROWS": 0},
+    {"PATH": "tc", "BT": 64, "BN_UP": 64, "SPLIT_UP": 1, "BN_DOWN": 64, "SPLIT_DOWN": 1, "ROWS": 1},
     # the CUDA-core path: unsorted (a block per pair), sorted blocks smaller than an expert's run, several
     # groups a step
     {"PATH": "cc", "BT": 1, "BN_UP": 16, "GPS_UP": 1, "BN_DOWN": 32, "GPS_DOWN": 2},
