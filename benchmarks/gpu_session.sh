@@ -6,6 +6,7 @@
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
 # Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all solutions-moe-layer solutions-rest solutions-moe-short
 # solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc solutions-official-decode layer-breakdown
+# read-ceiling
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -292,6 +293,9 @@ for m in (\"torch\", \"transformers\", \"fastapi\", \"uvicorn\", \"starlette\", 
                        --json "$OUT/layer-breakdown-decode.json"
                      step layer-breakdown-prefill 90 python3 benchmarks/kernel_breakdown.py --problem muse_prefill_layer \
                        --shape prefill_2k --calls 10 --json "$OUT/layer-breakdown-prefill.json" ;;
+    # Issue 18: the most any kernel of each memory-bound workload's byte count can score against its baseline (a
+    # kernel that only reads the floor bytes, timed by the evaluator's method beside the baseline and solution)
+    read-ceiling) step read-ceiling 200 python3 benchmarks/read_ceiling.py --json "$OUT/read-ceiling.json" ;;
     moe-breakdown) step moe-breakdown 90 python3 benchmarks/moe_breakdown.py --json "$OUT/moe-breakdown.json" ;;
     flush) step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json" ;;
     # Issue 16: what this machine has to build with (which nvcc, nvcc --version, ninja, c++), the wheels of

@@ -240,3 +240,25 @@ def test_every_searched_key_is_one_its_solution_reads():
                 if key in (tune_solutions.MAX_SIZE, tune_solutions.MIN_SIZE):
                     continue
                 assert f'"{key}"' in text, f"tune_solutions.GRIDS[{problem!r}] searches {key!r}, which {problem}'s solution never reads"
+
+
+@pytest.mark.parametrize("programs, block", [(3, 64), (8, 16), (1, 256)])
+def test_the_read_ceilings_kernel_reads_every_word(programs, block, monkeypatch):
+    """benchmarks/read_ceiling.py times a kernel that only reads a workload's floor bytes, the most any kernel
+    of that byte count could score against the baseline; one that skipped words would be faster and overstate
+    that ceiling. In the interpreter: its programs' sums add up to the whole buffer's for strides that do and
+    do not divide the length, and a change to the last word changes them."""
+    import sys
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import read_ceiling
+
+    g = torch.Generator().manual_seed(programs)
+    buf = read_ceiling.buffers(4 * 1000 + 12, 0, "cpu")[0]["buf"]  # rounded up to whole 64 bytes
+    assert buf.numel() == 1008
+    buf.copy_(torch.randint(0, 1000, buf.shape, generator=g, dtype=torch.int32))
+    out = torch.empty(programs, dtype=torch.int32)
+    assert int(read_ceiling.read_words(buf, out, block).sum()) == int(buf.sum())
+    buf[-1] += 7
+    assert int(read_ceiling.read_words(buf, out, block).sum()) == int(buf.sum())
