@@ -44,9 +44,10 @@ def _module(path: Path, name: str):
 
 
 def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointers: dict | None = None,
-                   scalars: dict | None = None) -> dict:
+                   scalars: dict | None = None, maxnreg: int | None = None) -> dict:
     """Compile `fn` for sm_90 with these constexprs; its resources and load widths. `pointers` and `scalars`
-    name the types of the arguments that are not the MoE's usual pointers or i32."""
+    name the types of the arguments that are not the MoE's usual pointers or i32; `maxnreg` caps a thread's
+    registers (the launch option the MoE solution's "maxnreg_up" / "maxnreg_down" set)."""
     names = fn.arg_names
     types = {**POINTERS, **(pointers or {})}
     scalars = scalars or {}
@@ -63,8 +64,8 @@ def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointe
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
@@ -110,7 +111,8 @@ def rows() -> list[dict]:
                 r["per_weight"] = round(r["loop_instructions"] / weights, 2)
         except Exception as exc:  # noqa: BLE001 - a configuration that does not compile is reported
             r = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
-        out.append({"kernel": what, "config": {**const, "num_warps": warps, "num_stages": stages}, **r})
+        cap = {"maxnreg": kw["maxnreg"]} if kw.get("maxnreg") else {}
+        out.append({"kernel": what, "config": {**const, "num_warps": warps, "num_stages": stages, **cap}, **r})
         print(json.dumps(out[-1]), flush=True)
 
     moe = dict(TOPK=8, GROUP=128)
@@ -139,6 +141,14 @@ def rows() -> list[dict]:
         add("solution _down (tensor cores)", solution._down,
             {**moe, "BT": 16, "BN": bn, "SPLIT": 1, "F32": False, "ROWS": rows_, "POST": post}, w, s,
             pointers={"act_ptr": "*bf16", "out_ptr": "*bf16"}, weights=bn * 128 / (32 * w))
+    # the register cap the search tries (sixteenth session): registers against the stack it spills to
+    for cap in (192, 168, 128):
+        add("solution _gate_up (tensor cores)", solution._gate_up,
+            {**moe, "BT": 16, "BN": 64, "SPLIT": 1, "F32": False, "ROWS": 0, "POST": 1}, 2, 4, maxnreg=cap,
+            weights=2 * 64 * 128 / (32 * 2))
+        add("solution _down (tensor cores)", solution._down,
+            {**moe, "BT": 16, "BN": 64, "SPLIT": 1, "F32": False, "ROWS": 0, "POST": 1}, 2, 5, maxnreg=cap,
+            pointers={"act_ptr": "*bf16", "out_ptr": "*bf16"}, weights=64 * 128 / (32 * 2))
     # the layers' own kernels, as their generated submissions define them
     decode = _module(ROOT / "solutions" / "muse_decode_layer" / "submission.py", "solution_decode_layer")
     prefill = _module(ROOT / "solutions" / "muse_prefill_layer" / "submission.py", "solution_prefill_layer")

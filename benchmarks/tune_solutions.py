@@ -55,6 +55,9 @@ GRIDS = {
                        # (LDGSTS into shared memory, SASS), so more stages are more bytes in flight for no register;
                        # only stages 2 (M16) and 3 (M32) had ever been timed.
                        {"stages_up": [2, 3, 4, 5], "stages_down": [2, 3, 4, 5], MIN_SIZE: 16},
+                       # the stages settled, the registers: ~245 a thread hold gate/up to 4 programs an SM; a cap
+                       # trades spills (72-272 bytes of stack, static_kernels) for 5-8 (sixteenth session)
+                       {"maxnreg_up": [0, 128, 168, 192], "maxnreg_down": [0, 128, 168], MIN_SIZE: 16},
                        # M1's 8 pairs x 3,072 rows are few for 132 SMs: 1-2 warps a program, K split in 2-4
                        # (the last split of a tile adds the parts); the down GEMV's 8 experts split likewise
                        {"PATH": ["cc"], "BT": [1], "UNPACK": ["words"], "BN_UP": [32, 64], "warps_up": [1, 2, 4],
@@ -80,7 +83,9 @@ GRIDS = {
                            {"ROWS": [0, 1], "BT": [64, 128], "warps_up": [4, 8], "warps_down": [4, 8]},
                            {"BN_DOWN": [64, 128], "warps_down": [4, 8], "stages_down": [2, 3]},
                            # the pipeline's depth, as for the MoE's decode sizes (bytes in flight for shared memory)
-                           {"stages_up": [2, 3, 4], "attn_stages": [2, 3]}],
+                           {"stages_up": [2, 3, 4], "attn_stages": [2, 3]},
+                           # the MoE's register cap, as at decode sizes (its BT 128 tiles hold 255 registers)
+                           {"maxnreg_up": [0, 168], "maxnreg_down": [0, 168]}],
 }
 # What a solution's CONFIGS are keyed by (its custom_kernel reads it off the inputs): a workload's parameter
 # (M when not named), or for the prefill layer the batch's new tokens.

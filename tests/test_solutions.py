@@ -221,6 +221,10 @@ def test_the_solutions_kernels_compile_for_hopper(tmp_path):
     base = per_weight("baseline _gate_up (M16)")
     ours = per_weight("solution _gate_up (tensor cores)", BN=64, num_warps=2, POST=1)
     assert base and ours and max(ours) < 0.6 * base[0], (ours, base)
+    # the register cap the search tries ("maxnreg_up" / "maxnreg_down") reaches the compiler and holds
+    capped = [r for r in rows if r["config"].get("maxnreg")]
+    assert len(capped) >= 4 and all(r["registers"] <= r["config"]["maxnreg"] for r in capped), capped
+    assert any(r["stack"] > 0 for r in capped)  # gate/up's ~245 registers do not fit under the cap unspilled
 
 
 def test_every_searched_key_is_one_its_solution_reads():

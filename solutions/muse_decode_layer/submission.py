@@ -788,7 +788,17 @@ def _dims(x, topk_ids, w13, w13_scale, w2) -> tuple[int, ...]:
 
 
 def _launch(cfg: dict, which: str, cuda: bool) -> dict:
-    return {"num_warps": int(cfg[f"warps_{which}"]), "num_stages": int(cfg[f"stages_{which}"])} if cuda else {}
+    """A kernel's warps and pipeline depth; with "maxnreg_up" / "maxnreg_down" set (0 or absent: the compiler's
+    choice), a cap on a thread's registers: more programs an SM for a few spilled values. The tensor-core
+    gate/up holds ~245 registers at BN 64 on 2 warps, so 4 programs an SM (ncu's 12.5% occupancy, the kernels
+    latency-bound); capped at 192 / 168 / 128 it compiles with 72 / 104 / 272 bytes of stack for 5 / 6 / 8
+    (benchmarks/static_kernels.py). Whether the occupancy buys more than the spills cost is the GPU's to say."""
+    if not cuda:
+        return {}
+    launch = {"num_warps": int(cfg[f"warps_{which}"]), "num_stages": int(cfg[f"stages_{which}"])}
+    if int(cfg.get(f"maxnreg_{which}", 0)):
+        launch["maxnreg"] = int(cfg[f"maxnreg_{which}"])
+    return launch
 
 
 def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
