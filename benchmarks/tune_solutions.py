@@ -55,9 +55,12 @@ GRIDS = {
                        # (LDGSTS into shared memory, SASS), so more stages are more bytes in flight for no register;
                        # only stages 2 (M16) and 3 (M32) had ever been timed.
                        {"stages_up": [2, 3, 4, 5], "stages_down": [2, 3, 4, 5], MIN_SIZE: 16},
-                       # the stages settled, the registers: ~245 a thread hold gate/up to 4 programs an SM; a cap
-                       # trades spills (72-272 bytes of stack, static_kernels) for 5-8 (sixteenth session)
-                       {"maxnreg_up": [0, 128, 168, 192], "maxnreg_down": [0, 128, 168], MIN_SIZE: 16},
+                       # the stages settled, the registers: ~245 a thread hold gate/up to 4 programs an SM. A cap
+                       # trades spills (72-272 bytes of stack) for 5-8; half the tile (BN 32 on 2 warps: 165
+                       # registers, no spill) for 2.96 instructions a weight against 2.43 (static_kernels, sixteenth
+                       # session). Each kernel on its own.
+                       {"BN_UP": [32, 64], "maxnreg_up": [0, 128, 168, 192], MIN_SIZE: 16},
+                       {"BN_DOWN": [32, 64, 128], "maxnreg_down": [0, 128, 168], MIN_SIZE: 16},
                        # M1's 8 pairs x 3,072 rows are few for 132 SMs: 1-2 warps a program, K split in 2-4
                        # (the last split of a tile adds the parts); the down GEMV's 8 experts split likewise
                        {"PATH": ["cc"], "BT": [1], "UNPACK": ["words"], "BN_UP": [32, 64], "warps_up": [1, 2, 4],
