@@ -114,15 +114,19 @@ def load_solution(problem: str, path: Path | None = None):
     return path, module
 
 
-def write_configs(path: Path, best: dict[int, dict]) -> None:
-    text = path.read_text()
+def write_configs(path: Path, best: dict[int, dict], card: str, day: str) -> None:
+    """The searched configurations written over the file's `CONFIGS = {...}` block, with the card and day they were
+    searched on in a comment line right above it (replacing the last search's): tiles tuned on one GPU are not
+    the best on another, and the runner's card is the one that counts."""
+    text = re.sub(r"^# searched on .*\n(?=CONFIGS = \{)", "", path.read_text(), flags=re.M)
     def entry(m: int, c: dict) -> str:  # one line, or one key per line past 110 characters
         line = f"    {m}: {json.dumps(c)},\n"
         if len(line) <= 110:
             return line
         return f"    {m}: {{\n" + "".join(f"        {json.dumps(k)}: {json.dumps(v)},\n" for k, v in c.items()) + "    },\n"
     body = "".join(entry(m, c) for m, c in sorted(best.items()))
-    new, n = re.subn(r"^CONFIGS = \{\n.*?^\}\n", "CONFIGS = {\n" + body + "}\n", text, count=1, flags=re.S | re.M)
+    block = f"# searched on {card}, {day} (benchmarks/tune_solutions.py --write)\nCONFIGS = {{\n{body}}}\n"
+    new, n = re.subn(r"^CONFIGS = \{\n.*?^\}\n", lambda _: block, text, count=1, flags=re.S | re.M)
     if n != 1:
         raise SystemExit(f"{path}: no `CONFIGS = {{ ... }}` block to write into")
     path.write_text(new)
@@ -193,7 +197,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.write:
         own = path.parent / "layer.py"  # a layer's solution is generated: its CONFIGS live in layer.py
-        write_configs(own if own.is_file() else path, best)
+        write_configs(own if own.is_file() else path, best, torch.cuda.get_device_name(0),
+                      time.strftime("%Y-%m-%d", time.gmtime()))
         if own.is_file():
             import subprocess
             subprocess.run([sys.executable, str(ROOT / "solutions" / "build_layers.py")], check=True)

@@ -266,3 +266,32 @@ def test_the_read_ceilings_kernel_reads_every_word(programs, block, monkeypatch)
     assert int(read_ceiling.read_words(buf, out, block).sum()) == int(buf.sum())
     buf[-1] += 7
     assert int(read_ceiling.read_words(buf, out, block).sum()) == int(buf.sum())
+
+
+def test_a_search_writes_its_configurations_with_the_card_they_were_searched_on(tmp_path):
+    """tune_solutions --write replaces a solution's CONFIGS block and says above it which card and day the search
+    ran on (tiles tuned on an H100 are not the H200 runner's best): one such line, the last search's, and the
+    configurations read back as written; the rest of the file untouched."""
+    import ast
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tune_solutions
+
+    path = tmp_path / "submission.py"
+    path.write_text('"""doc"""\nX = 1\n# M -> tiles\nCONFIGS = {\n    1: {"BN": 64},\n}\n\n\ndef f():\n    return X\n')
+    first = {1: {"BN": 32, "num_warps": 4}, 16: {"BN": 128, "name": "a" * 100}}  # the second past one line
+    tune_solutions.write_configs(path, first, "NVIDIA H100 80GB HBM3", "2026-12-06")
+    second = {1: {"BN": 16}}
+    tune_solutions.write_configs(path, second, "NVIDIA H200", "2026-12-07")
+    text = path.read_text()
+    assert text.count("# searched on") == 1 and "# searched on NVIDIA H200, 2026-12-07" in text
+    tree = ast.parse(text)
+    configs = next(n.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "CONFIGS")
+    assert ast.literal_eval(configs) == second
+    assert text.startswith('"""doc"""\nX = 1\n# M -> tiles\n# searched on NVIDIA H200')
+    assert text.endswith("\n\ndef f():\n    return X\n")
+    tune_solutions.write_configs(path, first, "NVIDIA H100 80GB HBM3", "2026-12-08")
+    configs = next(n.value for n in ast.parse(path.read_text()).body
+                   if isinstance(n, ast.Assign) and n.targets[0].id == "CONFIGS")
+    assert ast.literal_eval(configs) == first

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 # M (the nearest tuned) -> block sizes; BT tokens per block (the dot's narrow side, 16 at least).
+# searched on NVIDIA H100 80GB HBM3, 2026-12-06 (benchmarks/tune_solutions.py --write)
 CONFIGS = {
     1: {
         "PATH": "tc",

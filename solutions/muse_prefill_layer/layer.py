@@ -26,6 +26,7 @@ import triton.language as tl
 # new tokens in the batch (the nearest tuned) -> the attention's tiles and the MoE's blocks at prefill sizes
 # (tensor cores, the tokens as the dot's narrow side, BT of them a block). First guesses; searched on the GPU
 # by `python benchmarks/tune_solutions.py muse_prefill_layer --write` (written here, then rebuilt).
+# searched on NVIDIA H100 80GB HBM3, 2026-12-06 (benchmarks/tune_solutions.py --write)
 CONFIGS = {
     2048: {
         "BLOCK_M": 64,
