@@ -948,12 +948,17 @@ UNEXPLAINED = {"cuda": 0.03, "cpu": 0.06}
 CAP_FACTOR = {"cuda": 1.5, "cpu": 20.0}
 
 
+def block_overhead_us(wall_us: dict[str, float], reported_us: dict[str, float], rounds: int, worker: str) -> float:
+    """The evaluator's wall time around each of a worker's timed blocks that its reported GPU time leaves."""
+    return (wall_us[worker] - reported_us[worker]) / rounds
+
+
 def unexplained_share(wall_us: dict[str, float], reported_us: dict[str, float], rounds: int,
                       alone_overhead_us: float, device: str) -> tuple[float, float]:
     """(the share of the submission's blocks' wall time that neither its reported GPU time nor the
     allowed per-block overhead explains, that overhead in us). `alone_overhead_us`: the baseline's
     overhead per block with the submission gone, which caps the overhead measured beside it."""
-    measured = max(0.0, wall_us["baseline"] - reported_us["baseline"]) / rounds
+    measured = max(0.0, block_overhead_us(wall_us, reported_us, rounds, "baseline"))
     overhead = min(measured, CAP_FACTOR[device] * max(0.0, alone_overhead_us))
     return (wall_us["submission"] - reported_us["submission"] - rounds * overhead) / wall_us["submission"], overhead
 
@@ -1240,10 +1245,10 @@ def _baseline_alone(base: Child, kept: list[dict[str, Any]], opts: Options, devi
             alone_overhead = statistics.median(overheads)
             unexplained, allowed = unexplained_share(item["wall_us"], item["reported_us"], item["rounds"],
                                                      alone_overhead, device)
-            entry["block_overhead_us"] = {
-                "baseline": max(0.0, item["wall_us"]["baseline"] - item["reported_us"]["baseline"]) / item["rounds"],
-                "baseline_alone": alone_overhead, "allowed": allowed,
-                "submission": (item["wall_us"]["submission"] - item["reported_us"]["submission"]) / item["rounds"]}
+            per_block = {t: block_overhead_us(item["wall_us"], item["reported_us"], item["rounds"], t)
+                         for t in ("baseline", "submission")}
+            entry["block_overhead_us"] = {"baseline": max(0.0, per_block["baseline"]), "baseline_alone": alone_overhead,
+                                          "allowed": allowed, "submission": per_block["submission"]}
             entry["wall_unexplained"] = unexplained
             if unexplained > UNEXPLAINED[device]:
                 wall, reported = item["wall_us"]["submission"], item["reported_us"]["submission"]
