@@ -29,9 +29,9 @@ import triton.language as tl
 # searched on NVIDIA H100 80GB HBM3, 2026-12-06 (benchmarks/tune_solutions.py --write)
 CONFIGS = {
     2048: {
-        "BLOCK_M": 64,
+        "BLOCK_M": 128,
         "BLOCK_N": 64,
-        "attn_warps": 4,
+        "attn_warps": 8,
         "attn_stages": 2,
         "PATH": "tc",
         "BT": 64,
@@ -63,8 +63,8 @@ CONFIGS = {
         "ROWS": 1,
     },
     8192: {
-        "BLOCK_M": 64,
-        "BLOCK_N": 64,
+        "BLOCK_M": 128,
+        "BLOCK_N": 32,
         "attn_warps": 4,
         "attn_stages": 3,
         "PATH": "tc",
