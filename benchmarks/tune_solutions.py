@@ -76,7 +76,11 @@ GRIDS = {
                         MAX_SIZE: 8},
                        {"stages_up": [2, 3, 4], "stages_down": [2, 3, 4], MAX_SIZE: 8}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
-                              {"num_warps": [4, 8], "num_stages": [2, 3, 4]}],
+                              {"num_warps": [4, 8], "num_stages": [2, 3, 4]},
+                              # the merge: one program a head reads all its splits' [S, D] tile (B1: 40 programs on
+                              # 132 SMs, ~4 us under the profiler; the decode layer's B32 16 us, sixteenth session);
+                              # its columns split over 2-8 programs, and its warps
+                              {"MERGE_BD": [16, 32, 64, 128], "merge_warps": [2, 4, 8]}],
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
     "muse_prefill_layer": [{"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "attn_warps": [4, 8]},
                            {"BT": [32, 64, 128], "BN_UP": [64, 128], "warps_up": [4, 8]},

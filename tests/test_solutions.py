@@ -126,17 +126,18 @@ def test_the_moe_s_every_blocking_is_right(variant, monkeypatch):
             assert err.max() < 0.1 and (got - want).norm() / want.norm() < 1e-2, (name, float(err.max()))
 
 
-@pytest.mark.parametrize("chunk, block_n", [(16, 16), (48, 16), (128, 32)])
-def test_the_attention_s_every_chunking_is_right(chunk, block_n, monkeypatch):
+@pytest.mark.parametrize("chunk, block_n, merge_bd", [(16, 16, 128), (48, 16, 32), (128, 32, 16)])
+def test_the_attention_s_every_chunking_is_right(chunk, block_n, merge_bd, monkeypatch):
     """Chunkings the search may choose for the attention, in the interpreter against the float64 reference:
     the most splits the merge holds (chunk 16 on L65536's 2,048 tokens is raised to keep 65 <= MAX_SPLITS),
-    a chunk that is no power of two (48), one split (L1), and ragged batches whose requests end mid-chunk;
+    a chunk that is no power of two (48), one split (L1), and ragged batches whose requests end mid-chunk,
+    with the merge's columns split over 1, 4 and 8 programs a head;
     twice a shape (the buffers of the first call are the allocator's to reuse)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     mod = _load("muse_attention_decode")
     problem = load_problem("muse_attention_decode")
     ref = problem.reference
-    cfg = {**mod.config_for(1), "CHUNK": chunk, "BLOCK_N": block_n}
+    cfg = {**mod.config_for(1), "CHUNK": chunk, "BLOCK_N": block_n, "MERGE_BD": merge_bd}
     shapes = {s.name: s for s in problem.shapes("smoke")}
     for name in ("L65536", "L1", "B3", "B16"):
         inputs = ref.make_inputs(shapes[name], 5, "cpu")

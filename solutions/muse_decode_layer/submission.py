@@ -85,14 +85,15 @@ def _decode(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, acc_ptr, m_ptr, l_ptr, qk_sca
 
 @triton.jit
 def _merge(lens_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, Hkv, max_splits, G: tl.constexpr, D: tl.constexpr,
-           CHUNK: tl.constexpr, S: tl.constexpr, F32: tl.constexpr):
-    """out[b, h] from the n = ceil(len / CHUNK) partials of request b's head h, all loaded at once."""
+           CHUNK: tl.constexpr, S: tl.constexpr, BD: tl.constexpr, F32: tl.constexpr):
+    """out[b, h, BD columns] from the n = ceil(len / CHUNK) partials of request b's head h, all loaded at once
+    (D // BD programs a head share its splits' columns: more SMs reading a batch of few heads)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // G
     n = tl.cdiv(tl.load(lens_ptr + b), CHUNK)
     s = tl.arange(0, S)
-    d = tl.arange(0, D)
+    d = tl.program_id(2) * BD + tl.arange(0, BD)
     ok = s < n
     rows = ((b * Hkv + kvh).to(tl.int64) * max_splits + s) * G + (h - kvh * G)
     m = tl.load(m_ptr + rows, mask=ok, other=float("-inf"))
@@ -136,9 +137,12 @@ def attn_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0), Hkv, max_splits, G=G,
         G_PAD=max(16, triton.next_power_of_2(G)), D=D, PAGE=page, CHUNK=chunk, BLOCK_N=block_n, F32=interpreting,
         **launch)
-    _merge[(B, Hq)](seq_lens, out, acc, m, l, Hkv, max_splits, G=G, D=D, CHUNK=chunk,
-                    S=max(2, triton.next_power_of_2(max_splits)), F32=interpreting,
-                    **({} if interpreting else {"num_warps": 8}))
+    bd = min(int(cfg.get("MERGE_BD", D)), D)  # the smoke model's heads are narrower
+    if D % bd:
+        raise ValueError(f"MERGE_BD {bd} must divide the head dimension {D}")
+    _merge[(B, Hq, D // bd)](seq_lens, out, acc, m, l, Hkv, max_splits, G=G, D=D, CHUNK=chunk,
+                             S=max(2, triton.next_power_of_2(max_splits)), BD=bd, F32=interpreting,
+                             **({} if interpreting else {"num_warps": int(cfg.get("merge_warps", 8))}))
     return out.to(q.dtype)
 
 
