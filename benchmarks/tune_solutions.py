@@ -74,7 +74,10 @@ GRIDS = {
                        {"PATH": ["tc"], "BT": [16], "ROWS": [1], "BN_UP": [32, 64], "SPLIT_UP": [2, 4], "warps_up": [2],
                         "stages_up": [2], "BN_DOWN": [64], "SPLIT_DOWN": [1, 2], "warps_down": [2], "stages_down": [2],
                         MAX_SIZE: 8},
-                       {"stages_up": [2, 3, 4], "stages_down": [2, 3, 4], MAX_SIZE: 8}],
+                       {"stages_up": [2, 3, 4], "stages_down": [2, 3, 4], MAX_SIZE: 8},
+                       # M1's grids are ~1.2-1.5 waves at ~4-5 programs an SM (gate/up: 8 pairs x 48 tiles x
+                       # split 2; down: 8 x 80): the register cap fits more programs an SM, one wave
+                       {"BN_UP": [32, 64], "maxnreg_up": [0, 128, 168], "maxnreg_down": [0, 128, 168], MAX_SIZE: 8}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
                               {"num_warps": [4, 8], "num_stages": [2, 3, 4]},
                               # the merge: one program a head reads all its splits' [S, D] tile (B1: 40 programs on
