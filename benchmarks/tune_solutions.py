@@ -140,6 +140,16 @@ def write_configs(path: Path, best: dict[int, dict], card: str, day: str) -> Non
     print(f"wrote CONFIGS into {path}", flush=True)
 
 
+def chosen_shapes(shapes: list, names: list[str]) -> list:
+    """The workloads named (every one when none is), in the problem's order; an unknown name is an error
+    that lists the problem's."""
+    known = [s.name for s in shapes]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"tune_solutions: no workload {', '.join(unknown)}; this problem's are {', '.join(known)}")
+    return [s for s in shapes if not names or s.name in names]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("problem", choices=sorted(GRIDS))
@@ -149,14 +159,16 @@ def main() -> None:
     ap.add_argument("--budget", type=float, help="seconds for the whole search (device time is scarce): each "
                     "workload gets its share, what one leaves passes on, and a search out of time keeps the best "
                     "found so far and still writes it")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="search this workload only (repeatable); the others keep their CONFIGS entries")
     args = ap.parse_args()
     problem = load_problem(args.problem)
     ref = problem.reference
     path, solution = load_solution(args.problem)
     ceilings = device_ceilings()
     grid = GRIDS[args.problem]
-    rows, best = [], {}
-    shapes = problem.shapes("full", kinds=("workload",))
+    shapes = chosen_shapes(problem.shapes("full", kinds=("workload",)), args.shape)
+    rows, best = [], {size: dict(cfg) for size, cfg in solution.CONFIGS.items()}
     # each workload's share of --budget in proportion to the configurations its stages search
     counts = [sum(math.prod(len(v) for k, v in stage.items() if k not in (MAX_SIZE, MIN_SIZE)) for stage in grid
                   if _runs(stage, size_of(args.problem, shape))) for shape in shapes]

@@ -247,6 +247,22 @@ def test_every_searched_key_is_one_its_solution_reads():
                 assert f'"{key}"' in text, f"tune_solutions.GRIDS[{problem!r}] searches {key!r}, which {problem}'s solution never reads"
 
 
+def test_a_search_of_some_workloads_names_them_and_refuses_an_unknown_one():
+    """tune_solutions --shape searches the named workloads only (the others keep their CONFIGS entries, so
+    scarce device time goes where it is needed); a misspelt name stops the search before any GPU time, naming
+    the problem's workloads."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tune_solutions
+
+    shapes = load_problem("muse_moe_w4a16").shapes("full", kinds=("workload",))
+    assert [s.name for s in tune_solutions.chosen_shapes(shapes, [])] == ["M1", "M16", "M32"]
+    assert [s.name for s in tune_solutions.chosen_shapes(shapes, ["M32", "M1"])] == ["M1", "M32"]
+    with pytest.raises(SystemExit, match="no workload M2; this problem's are M1, M16, M32"):
+        tune_solutions.chosen_shapes(shapes, ["M1", "M2"])
+
+
 @pytest.mark.parametrize("programs, block", [(3, 64), (8, 16), (1, 256)])
 def test_the_read_ceilings_kernel_reads_every_word(programs, block, monkeypatch):
     """benchmarks/read_ceiling.py times a kernel that only reads a workload's floor bytes, the most any kernel
