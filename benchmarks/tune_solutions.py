@@ -121,18 +121,25 @@ def load_solution(problem: str, path: Path | None = None):
     return path, module
 
 
-def write_configs(path: Path, best: dict[int, dict], card: str, day: str) -> None:
+def write_configs(path: Path, best: dict[int, dict], card: str, day: str, searched: list[int] | None = None) -> None:
     """The searched configurations written over the file's `CONFIGS = {...}` block, with the card and day they were
     searched on in a comment line right above it (replacing the last search's): tiles tuned on one GPU are not
-    the best on another, and the runner's card is the one that counts."""
-    text = re.sub(r"^# searched on .*\n(?=CONFIGS = \{)", "", path.read_text(), flags=re.M)
+    the best on another, and the runner's card is the one that counts. `searched`: the sizes this search timed
+    when not all of `best` (tune_solutions --shape); the line then names them and keeps the last search's
+    provenance for the rest."""
+    text = path.read_text()
+    last = re.search(r"^# searched on (.*?)(?: \(benchmarks/tune_solutions\.py --write\))?\n(?=CONFIGS = \{)", text, re.M)
+    text = re.sub(r"^# searched on .*\n(?=CONFIGS = \{)", "", text, flags=re.M)
+    where = f"{card}, {day}"
+    if searched is not None and set(searched) != set(best):
+        where += f": {', '.join(str(s) for s in sorted(searched))}; the rest on {last.group(1) if last else 'unknown cards'}"
     def entry(m: int, c: dict) -> str:  # one line, or one key per line past 110 characters
         line = f"    {m}: {json.dumps(c)},\n"
         if len(line) <= 110:
             return line
         return f"    {m}: {{\n" + "".join(f"        {json.dumps(k)}: {json.dumps(v)},\n" for k, v in c.items()) + "    },\n"
     body = "".join(entry(m, c) for m, c in sorted(best.items()))
-    block = f"# searched on {card}, {day} (benchmarks/tune_solutions.py --write)\nCONFIGS = {{\n{body}}}\n"
+    block = f"# searched on {where} (benchmarks/tune_solutions.py --write)\nCONFIGS = {{\n{body}}}\n"
     new, n = re.subn(r"^CONFIGS = \{\n.*?^\}\n", lambda _: block, text, count=1, flags=re.S | re.M)
     if n != 1:
         raise SystemExit(f"{path}: no `CONFIGS = {{ ... }}` block to write into")
@@ -208,7 +215,7 @@ def main() -> None:
         results.sort(key=lambda r: r[0])
         us, cfg = results[0]
         best[size] = cfg
-        rows.append({"workload": shape.name, "baseline_us": base_us, "kept_us": kept_us, "best_us": us,
+        rows.append({"workload": shape.name, "size": size, "baseline_us": base_us, "kept_us": kept_us, "best_us": us,
                      "floor_us": floor, "config": cfg})
         print(f"{shape.name}: best {cfg} {us:,.2f} us: {base_us / us:.3f}x the baseline, {us / floor:.2f}x the floor",
               flush=True)
@@ -217,7 +224,7 @@ def main() -> None:
     if args.write:
         own = path.parent / "layer.py"  # a layer's solution is generated: its CONFIGS live in layer.py
         write_configs(own if own.is_file() else path, best, torch.cuda.get_device_name(0),
-                      time.strftime("%Y-%m-%d", time.gmtime()))
+                      time.strftime("%Y-%m-%d", time.gmtime()), [r["size"] for r in rows])
         if own.is_file():
             import subprocess
             subprocess.run([sys.executable, str(ROOT / "solutions" / "build_layers.py")], check=True)

@@ -312,3 +312,8 @@ def test_a_search_writes_its_configurations_with_the_card_they_were_searched_on(
     configs = next(n.value for n in ast.parse(path.read_text()).body
                    if isinstance(n, ast.Assign) and n.targets[0].id == "CONFIGS")
     assert ast.literal_eval(configs) == first
+    # a search of some sizes (--shape) names them and keeps the last search's card for the rest
+    tune_solutions.write_configs(path, {**first, 16: {"BN": 64}}, "NVIDIA H200", "2026-12-09", [16])
+    text = path.read_text()
+    assert text.count("# searched on") == 1
+    assert "# searched on NVIDIA H200, 2026-12-09: 16; the rest on NVIDIA H100 80GB HBM3, 2026-12-08 (benchmarks" in text
