@@ -194,10 +194,11 @@ for what in "$@"; do
     solutions-slower) step tune-solution-attention 130 python3 benchmarks/tune_solutions.py muse_attention_decode \
                         --write --seconds 0.15 --budget 100 --json "$OUT/tune-solution-attention.json"
                       cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
+                      official_solution muse_attention_decode 100
                       step tune-solution-proj-m32 90 python3 benchmarks/tune_solutions.py muse_bf16_proj --shape M32 \
                         --write --seconds 0.2 --budget 60 --json "$OUT/tune-solution-proj.json"
                       cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
-                      official_solution muse_attention_decode 100; official_solution muse_bf16_proj 100
+                      official_solution muse_bf16_proj 100
                       step tune-solution-moe-m1 80 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --shape M1 \
                         --write --seconds 0.1 --budget 50 --json "$OUT/tune-solution-moe-m1.json"
                       cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
