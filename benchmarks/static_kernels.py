@@ -44,7 +44,7 @@ def _module(path: Path, name: str):
 
 
 def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointers: dict | None = None,
-                   scalars: dict | None = None, maxnreg: int | None = None) -> dict:
+                   scalars: dict | None = None, maxnreg: int | None = None, divisible: set | None = None) -> dict:
     """Compile `fn` for sm_90 with these constexprs; its resources and load widths. `pointers` and `scalars`
     name the types of the arguments that are not the MoE's usual pointers or i32; `maxnreg` caps a thread's
     registers (the launch option the MoE solution's "maxnreg_up" / "maxnreg_down" set)."""
@@ -60,7 +60,7 @@ def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointe
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[n] = scalars.get(n, "i32")
-            if n in DIVISIBLE:
+            if n in DIVISIBLE | (divisible or set()):  # what Triton's launch specialises for multiples of 16
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs=attrs)
@@ -81,6 +81,7 @@ def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointe
     return {"registers": int(use[1]), "stack": int(use[2]), "shared": max(int(use[3]), int(kernel.metadata.shared)),
             "ld_v4": ptx.count("ld.global.v4"), "ld_v2": ptx.count("ld.global.v2"),
             "ld": len(re.findall(r"ld\.global", ptx)), "cp_async": ptx.count("cp.async"),
+            "wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
             "loop_instructions": inner_loop(sass)}
 
 
@@ -169,6 +170,13 @@ def rows() -> list[dict]:
         {"G": 5, "G_PAD": 16, "D": 128, "PAGE": 16, "CHUNK": attention["CHUNK"], "BLOCK_N": attention["BLOCK_N"],
          "F32": False}, attention["num_warps"], attention["num_stages"],
         pointers={**bf16, "acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32"}, scalars={"qk_scale": "fp32"})
+    # the projection's skinny GEMM in both orientations (seventeenth session): SWAP 1 puts the weight's rows on
+    # the dot's M side, so BN >= 64 makes Hopper's wgmma where the tokens' 16-32 rows make mma.sync
+    proj = _module(ROOT / "solutions" / "muse_bf16_proj" / "submission.py", "solution_proj")
+    for swap, bm in [(0, 16), (1, 16), (0, 32), (1, 32)]:
+        add(f"proj _skinny (SWAP {swap}, BM {bm})", proj._skinny,
+            {"BM": bm, "BN": 64, "BK": 128, "SPLIT": 1, "SWAP": swap, "F32": False}, 4, 6,
+            pointers={"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"}, divisible={"K", "N", "k_per_split"})
     if getattr(base, "triton", None) is not None:
         for m in (1, 16):
             cfg = base.config_for(m)
@@ -190,16 +198,17 @@ def main() -> None:
     args = ap.parse_args()
     out = rows()
     print(f"\nTriton {triton.__version__}, sm_90\n\n| kernel | configuration | registers | stack | ld.global v4 / v2 / all "
-          "| cp.async | shared bytes | loop instructions (a weight) |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| cp.async | shared bytes | wgmma / mma.sync | loop instructions (a weight) |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in out:
         cfg = ", ".join(f"{k} {v}" for k, v in r["config"].items() if k not in ("TOPK", "GROUP", "E", "F32"))
         if "error" in r:
-            print(f"| {r['kernel']} | {cfg} | {r['error']} | | | | | |")
+            print(f"| {r['kernel']} | {cfg} | {r['error']} | | | | | | |")
         else:
             loop = r["loop_instructions"] or "-"
             loop = f"{loop} ({r['per_weight']})" if "per_weight" in r else loop
             print(f"| {r['kernel']} | {cfg} | {r['registers']} | {r['stack']} | {r['ld_v4']} / {r['ld_v2']} / {r['ld']} "
-                  f"| {r['cp_async']} | {r['shared']:,} | {loop} |")
+                  f"| {r['cp_async']} | {r['shared']:,} | {r['wgmma']} / {r['mma_sync']} | {loop} |")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 

@@ -37,7 +37,12 @@ MAX_SIZE, MIN_SIZE = "max_size", "min_size"  # a stage's optional bounds: it run
 # product.
 GRIDS = {
     "muse_bf16_proj": [{"BN": [32, 64, 128], "BK": [128, 256], "SPLIT": [1, 2, 4], "num_warps": [4],
-                        "num_stages": [4, 6]}],
+                        "num_stages": [4, 6]},
+                       # the orientation: the weight's rows as the dot's first operand compile to wgmma (BN >= 64)
+                       # where the tokens' 16-32 rows make mma.sync, with fewer registers (56 against 72 and 8 bytes
+                       # of stack at BM 32, BN 64) and a shorter loop (122 against 139 instructions), for 20% more
+                       # shared memory (benchmarks/static_kernels.py, seventeenth session); never timed yet
+                       {"SWAP": [0, 1], "BN": [64, 128], "num_stages": [3, 4, 5, 6]}],
     # the tensor-core path's orientation (ROWS: the tokens as the dot's first operand; with 4 warps its kernels
     # hold 88-127 registers, as the baseline's, against 128-194 for ROWS 0: benchmarks/static_kernels.py), then
     # the CUDA-core path (PATH cc); each later stage tunes whichever is best so far. The CUDA-core GEMV's

@@ -62,17 +62,19 @@ def test_the_solution_on_the_full_model_with_the_official_timing(path):
     print(f"{problem.name}: score {doc['score']['speedup']:.4f}")
 
 
-@pytest.mark.parametrize("split, bn, bk", [(2, 16, 64), (4, 32, 32), (1, 64, 128)])
-def test_the_projection_s_every_tiling_is_right(split, bn, bk, monkeypatch):
-    """Every tiling the search may choose for the projection (split-K with its fixed-order sum included),
-    in the interpreter against the float64 product."""
+@pytest.mark.parametrize("split, bn, bk, swap", [(2, 16, 64, 0), (4, 32, 32, 1), (1, 64, 128, 0), (1, 64, 128, 1)])
+def test_the_projection_s_every_tiling_is_right(split, bn, bk, swap, monkeypatch):
+    """Every tiling the search may choose for the projection (split-K with its fixed-order sum included), in
+    either orientation (SWAP: the weight's rows as the dot's first operand, the tile stored transposed), in the
+    interpreter against the float64 product."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     mod = _load("muse_bf16_proj")
     g = torch.Generator().manual_seed(split)
     for m in (1, 7, 33):
         x = torch.randn(m, 256, generator=g).bfloat16()
         w = (torch.randn(512, 256, generator=g) / 16).bfloat16()
-        got = mod.skinny_gemm(x, w, {"BN": bn, "BK": bk, "SPLIT": split, "num_warps": 4, "num_stages": 3})
+        got = mod.skinny_gemm(x, w, {"BN": bn, "BK": bk, "SPLIT": split, "SWAP": swap, "num_warps": 4,
+                                     "num_stages": 3})
         want = x.double() @ w.double().T
         assert got.dtype == torch.bfloat16 and got.shape == (m, 512)
         assert torch.allclose(got.double(), want, atol=1e-2, rtol=1e-2), (m, (got.double() - want).abs().max())
@@ -226,6 +228,11 @@ def test_the_solutions_kernels_compile_for_hopper(tmp_path):
     capped = [r for r in rows if r["config"].get("maxnreg")]
     assert len(capped) >= 4 and all(r["registers"] <= r["config"]["maxnreg"] for r in capped), capped
     assert any(r["stack"] > 0 for r in capped)  # gate/up's ~245 registers do not fit under the cap unspilled
+    # the projection's SWAP orientation (the weight's rows on the dot's M side) is what makes Hopper's wgmma
+    proj = {(r["config"]["SWAP"], r["config"]["BM"]): r for r in rows if r["kernel"].startswith("proj _skinny")}
+    assert len(proj) == 4
+    assert all(proj[(1, bm)]["wgmma"] > 0 and proj[(1, bm)]["mma_sync"] == 0 for bm in (16, 32)), proj
+    assert all(proj[(0, bm)]["wgmma"] == 0 and proj[(0, bm)]["mma_sync"] > 0 for bm in (16, 32)), proj
 
 
 def test_every_searched_key_is_one_its_solution_reads():

@@ -8,7 +8,9 @@ all M rows of x in one BM = 16/32/64 tile (x is re-read by every program but liv
 programs leave 20 of the 132 SMs idle, so SPLIT > 1 shares K between programs: each writes its fp32 part,
 takes a ticket from its tile's counter, and the last to arrive adds the parts in split order (fixed, so
 the sum is deterministic) and stores the tile, resetting the counter for the next call: no second kernel
-(a second launch cost more than the split gained: 27.8 against 22.1 us at M32). The configurations per M
+(a second launch cost more than the split gained: 27.8 against 22.1 us at M32). SWAP 1 turns the dot around
+(the weight's BN rows as its first operand, the tile stored transposed): Hopper's wgmma needs 64 rows on that
+side, which the tokens' 16-32 never give, so only SWAP 1 compiles to it. The configurations per M
 are data (CONFIGS) and are tuned on the H200 under the evaluator's own timing
 (benchmarks/tune_solutions.py).
 
@@ -29,7 +31,10 @@ CONFIGS = {
 
 @triton.jit
 def _skinny(x_ptr, w_ptr, out_ptr, part_ptr, ticket_ptr, M, N, K, k_per_split,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr):
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
+            F32: tl.constexpr):
+    """SWAP: the weight's BN rows as the dot's first operand, out^T [BN, BM] = w [BN, BK] @ x^T [BK, BM], so its
+    M side is BN (>= 64: Hopper's wgmma), not the 16-32 tokens (mma.sync); the tile is stored transposed."""
     pid_n = tl.program_id(0)
     sp = tl.program_id(1)
     rm = tl.arange(0, BM)
@@ -37,24 +42,34 @@ def _skinny(x_ptr, w_ptr, out_ptr, part_ptr, ticket_ptr, M, N, K, k_per_split,
     rk = tl.arange(0, BK)
     m_ok = rm < M
     n_ok = rn < N
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
     start = sp * k_per_split
     for k0 in range(start, start + k_per_split, BK):
         a = tl.load(x_ptr + rm[:, None] * K + (k0 + rk)[None, :], mask=m_ok[:, None], other=0.0)
         b = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + (k0 + rk)[None, :], mask=n_ok[:, None], other=0.0)
         if F32:
-            acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if SWAP:
+            acc = tl.dot(b, tl.trans(a), acc)
         else:
             acc = tl.dot(a, tl.trans(b), acc)
-    keep = m_ok[:, None] & n_ok[None, :]
-    at = rm[:, None] * N + rn[None, :]
+    if SWAP:
+        keep = n_ok[:, None] & m_ok[None, :]
+        at = rm[None, :] * N + rn[:, None]
+    else:
+        keep = m_ok[:, None] & n_ok[None, :]
+        at = rm[:, None] * N + rn[None, :]
     if SPLIT == 1:
         tl.store(out_ptr + at, acc.to(tl.bfloat16), mask=keep)
     else:
         tl.store(part_ptr + sp.to(tl.int64) * M * N + at, acc, mask=keep)
         tl.debug_barrier()  # every thread's part is written before the ticket is taken (release)
         if tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel") == SPLIT - 1:  # the last of the tile's parts
-            total = tl.zeros((BM, BN), dtype=tl.float32)
+            total = tl.zeros(acc.shape, dtype=tl.float32)
             for i in tl.static_range(SPLIT):  # split order, whoever arrived last: deterministic
                 total += tl.load(part_ptr + i * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + at, total.to(tl.bfloat16), mask=keep)
@@ -94,7 +109,7 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) ->
     n_tiles = triton.cdiv(N, bn)
     parts = out if split == 1 else torch.empty(split, M, N, dtype=torch.float32, device=x.device)
     _skinny[(n_tiles, split)](x, w, out, parts, _tickets(n_tiles, x.device), M, N, K, K // split, BM=bm, BN=bn,
-                              BK=bk, SPLIT=split, F32=interpreting, **launch)
+                              BK=bk, SPLIT=split, SWAP=int(cfg.get("SWAP", 0)), F32=interpreting, **launch)
     return out
 
 
