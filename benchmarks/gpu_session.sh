@@ -6,7 +6,7 @@
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
 # Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all solutions-moe-layer solutions-rest solutions-moe-short
 # solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc solutions-official-decode layer-breakdown
-# read-ceiling solutions-attention-layer solutions-attention-m1 solutions-slower
+# read-ceiling solutions-attention-layer solutions-slower solutions-moe-m1
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -179,30 +179,23 @@ for what in "$@"; do
                                official_solution muse_attention_decode 100; layer_official
                                step attention-breakdown 90 python3 benchmarks/kernel_breakdown.py \
                                  --problem muse_attention_decode --json "$OUT/attention-breakdown.json" ;;
-    # the same in ~560 s with the MoE's M1 register cap too: both searches inside budgets, the two problems'
-    # official evaluations and the layer rebuilt from both and evaluated
-    solutions-attention-m1) step tune-solution-attention 130 python3 benchmarks/tune_solutions.py muse_attention_decode \
-                              --write --seconds 0.15 --budget 100 --json "$OUT/tune-solution-attention.json"
-                            cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
-                            step tune-solution-moe-m1 80 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --shape M1 \
-                              --write --seconds 0.1 --budget 50 --json "$OUT/tune-solution-moe-m1.json"
-                            cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
-                            official_solution muse_attention_decode 100; moe_official; layer_official ;;
     # The two workloads still slower than their baselines first (the attention's B1 with the merge's new keys, the
-    # projection's M32, never searched on an H100), their official evaluations, then the MoE's M1 cap (~660 s: a
-    # call cut short keeps its finished steps)
+    # projection's M32 with the SWAP orientation, never searched on an H100), each followed by its official
+    # evaluation (~480 s)
     solutions-slower) step tune-solution-attention 130 python3 benchmarks/tune_solutions.py muse_attention_decode \
                         --write --seconds 0.15 --budget 100 --json "$OUT/tune-solution-attention.json"
                       cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
                       official_solution muse_attention_decode 100
-                      step tune-solution-proj-m32 90 python3 benchmarks/tune_solutions.py muse_bf16_proj --shape M32 \
-                        --write --seconds 0.2 --budget 60 --json "$OUT/tune-solution-proj.json"
+                      step tune-solution-proj 130 python3 benchmarks/tune_solutions.py muse_bf16_proj \
+                        --write --seconds 0.2 --budget 100 --json "$OUT/tune-solution-proj.json"
                       cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
-                      official_solution muse_bf16_proj 100
-                      step tune-solution-moe-m1 80 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --shape M1 \
+                      official_solution muse_bf16_proj 100 ;;
+    # the MoE's M1 with the register cap searched (its grids are 1.2-1.5 waves uncapped), then the MoE and the
+    # decode layer evaluated (~330 s)
+    solutions-moe-m1) step tune-solution-moe-m1 80 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --shape M1 \
                         --write --seconds 0.1 --budget 50 --json "$OUT/tune-solution-moe-m1.json"
                       cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
-                      moe_official ;;
+                      moe_official; layer_official ;;
     # Issue 18: each solution called hundreds of times on the same inputs, eagerly and in graph replays, with the
     # ticket-finished split-K forced where the tuned configuration skips it: outputs that differ or fail count.
     stress) step stress 200 python3 benchmarks/stress_solutions.py --json "$OUT/stress.json" ;;
