@@ -6,7 +6,7 @@
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
 # Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all solutions-moe-layer solutions-rest solutions-moe-short
 # solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc solutions-official-decode layer-breakdown
-# read-ceiling solutions-attention-layer solutions-slower solutions-moe-m1
+# read-ceiling solutions-slower solutions-moe-m1 attention-breakdown
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -170,15 +170,9 @@ for what in "$@"; do
                            step solutions-official-attention$i 100 python3 benchmarks/official_eval.py --solutions \
                              --problem muse_attention_decode --timeout 95 --json "$OUT/solutions-attention$i.json"
                          done ;;
-    # Issue 18, seventeenth session: the attention's search with the merge's columns and warps (MERGE_BD,
-    # merge_warps), its official evaluation, the decode layer rebuilt from it and evaluated, then where the
-    # attention's time goes kernel by kernel (~530 s)
-    solutions-attention-layer) step tune-solution-attention 200 python3 benchmarks/tune_solutions.py muse_attention_decode \
-                                 --write --seconds 0.2 --json "$OUT/tune-solution-attention.json"
-                               cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
-                               official_solution muse_attention_decode 100; layer_official
-                               step attention-breakdown 90 python3 benchmarks/kernel_breakdown.py \
-                                 --problem muse_attention_decode --json "$OUT/attention-breakdown.json" ;;
+    # Issue 18: where the attention solution's time goes, kernel by kernel (its decode and its merge; ~90 s)
+    attention-breakdown) step attention-breakdown 90 python3 benchmarks/kernel_breakdown.py \
+                           --problem muse_attention_decode --json "$OUT/attention-breakdown.json" ;;
     # The two workloads still slower than their baselines first (the attention's B1 with the merge's new keys, the
     # projection's M32 with the SWAP orientation, never searched on an H100), each followed by its official
     # evaluation (~480 s)

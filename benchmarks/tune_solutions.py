@@ -134,7 +134,8 @@ def write_configs(path: Path, best: dict[int, dict], card: str, day: str, search
     provenance for the rest."""
     text = path.read_text()
     last = re.search(r"^# searched on (.*?)(?: \(benchmarks/tune_solutions\.py --write\))?\n(?=CONFIGS = \{)", text, re.M)
-    text = re.sub(r"^# searched on .*\n(?=CONFIGS = \{)", "", text, flags=re.M)
+    if last:  # the last search's line goes: the new one is written in its place
+        text = text[:last.start()] + text[last.end():]
     where = f"{card}, {day}"
     if searched is not None and set(searched) != set(best):
         where += f": {', '.join(str(s) for s in sorted(searched))}; the rest on {last.group(1) if last else 'unknown cards'}"
