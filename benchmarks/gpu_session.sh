@@ -175,13 +175,13 @@ for what in "$@"; do
                            --problem muse_attention_decode --json "$OUT/attention-breakdown.json" ;;
     # The two workloads still slower than their baselines first (the attention's B1 with the merge's new keys, the
     # projection's M32 with the SWAP orientation, never searched on an H100), each followed by its official
-    # evaluation (~480 s)
+    # evaluation (~520 s)
     solutions-slower) step tune-solution-attention 130 python3 benchmarks/tune_solutions.py muse_attention_decode \
                         --write --seconds 0.15 --budget 100 --json "$OUT/tune-solution-attention.json"
                       cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
                       official_solution muse_attention_decode 100
-                      step tune-solution-proj 130 python3 benchmarks/tune_solutions.py muse_bf16_proj \
-                        --write --seconds 0.2 --budget 100 --json "$OUT/tune-solution-proj.json"
+                      step tune-solution-proj 170 python3 benchmarks/tune_solutions.py muse_bf16_proj \
+                        --write --seconds 0.2 --budget 140 --json "$OUT/tune-solution-proj.json"
                       cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
                       official_solution muse_bf16_proj 100 ;;
     # the MoE's M1 with the register cap searched (its grids are 1.2-1.5 waves uncapped), then the MoE and the

@@ -177,6 +177,11 @@ def rows() -> list[dict]:
         add(f"proj _skinny (SWAP {swap}, BM {bm})", proj._skinny,
             {"BM": bm, "BN": 64, "BK": 128, "SPLIT": 1, "SWAP": swap, "F32": False}, 4, 6,
             pointers={"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"}, divisible={"K", "N", "k_per_split"})
+    # and its stream-K form (eighteenth session): one run of (tile, K step)s a program, whole tiles stored at once
+    for swap in (0, 1):
+        add(f"proj _stream (SWAP {swap}, BM 32)", proj._stream,
+            {"BM": 32, "BN": 64, "BK": 128, "SWAP": swap, "F32": False}, 4, 6,
+            pointers={"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"}, divisible={"K", "N"})
     if getattr(base, "triton", None) is not None:
         for m in (1, 16):
             cfg = base.config_for(m)
