@@ -91,7 +91,10 @@ GRIDS = {
                               # the merge: one program a head reads all its splits' [S, D] tile (B1: 40 programs on
                               # 132 SMs, ~4 us under the profiler; the decode layer's B32 16 us, sixteenth session);
                               # its columns split over 2-8 programs, and its warps
-                              {"MERGE_BD": [16, 32, 64, 128], "merge_warps": [2, 4, 8]}],
+                              {"MERGE_BD": [16, 32, 64, 128], "merge_warps": [2, 4, 8]},
+                              # the merge launched while the splits run (Hopper's programmatic dependent launch), its
+                              # programs waiting on the device for the splits' end: the launch's gap hidden
+                              {"PDL": [0, 1]}],
     # the prefill layer: its attention's tiles, then the MoE's blocks at prefill sizes
     "muse_prefill_layer": [{"BLOCK_M": [64, 128], "BLOCK_N": [32, 64], "attn_warps": [4, 8]},
                            {"BT": [32, 64, 128], "BN_UP": [64, 128], "warps_up": [4, 8]},

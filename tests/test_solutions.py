@@ -156,6 +156,32 @@ def test_the_attention_s_every_chunking_is_right(chunk, block_n, merge_bd, monke
             assert err.max() < 0.02 and (got.double() - want).norm() / want.norm() < 5e-3, (name, float(err.max()))
 
 
+GPU_ONLY = [  # options that change nothing in the interpreter (Hopper's dependent launch) or need the SM count
+    ("muse_attention_decode", {"PDL": 1}), ("muse_attention_decode", {"PDL": 1, "MERGE_BD": 32}),
+    ("muse_bf16_proj", {"STREAM": 1}), ("muse_bf16_proj", {"STREAM": 2, "SWAP": 1, "BN": 128})]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("problem_name, extra", GPU_ONLY, ids=str)
+def test_the_gpu_only_options_are_right_on_the_full_model(problem_name, extra):
+    """Every shape of the full model with the option forced over its tuned configuration, against the
+    reference under the problem's tolerance, three calls in a row (tickets left at zero for the next)."""
+    from pipeline.kernel.check import compare
+
+    mod = _load(problem_name)
+    problem = load_problem(problem_name)
+    ref = problem.reference
+    for shape in problem.shapes("full", kinds=("workload", "test")):
+        inputs = ref.make_inputs(shape, 11, "cuda")
+        want = ref.reference(inputs)
+        cfg = {**mod.config_for(shape["B"] if problem_name == "muse_attention_decode" else shape["M"]), **extra}
+        for _ in range(3):
+            got = mod.custom_kernel(inputs, cfg)
+            verdict = compare(got, want, problem.tolerances["output"], expected_dtype=torch.bfloat16)
+            assert verdict["passed"], (shape.name, verdict)
+
+
 def test_the_layer_solutions_are_their_parts_built(tmp_path):
     """solutions/<layer>/submission.py is generated (a submission is one file): it must be the build of its
     parts as they stand, and a part's change must reach it."""

@@ -42,7 +42,9 @@ MAX_SPLITS = 128  # the merge holds a request's splits in one tile: CHUNK grows 
 def _decode(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, acc_ptr, m_ptr, l_ptr, qk_scale,
             stride_kp, stride_ks, stride_kh, stride_bt, Hkv, max_splits,
             G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, CHUNK: tl.constexpr,
-            BLOCK_N: tl.constexpr, F32: tl.constexpr):
+            BLOCK_N: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # the merge may be launched now: it waits (gdc_wait) for this grid's end and its writes
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -92,9 +94,12 @@ def _decode(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, acc_ptr, m_ptr, l_ptr, qk_sca
 
 @triton.jit
 def _merge(lens_ptr, out_ptr, acc_ptr, m_ptr, l_ptr, Hkv, max_splits, G: tl.constexpr, D: tl.constexpr,
-           CHUNK: tl.constexpr, S: tl.constexpr, BD: tl.constexpr, F32: tl.constexpr):
+           CHUNK: tl.constexpr, S: tl.constexpr, BD: tl.constexpr, F32: tl.constexpr, PDL: tl.constexpr = False):
     """out[b, h, BD columns] from the n = ceil(len / CHUNK) partials of request b's head h, all loaded at once
-    (D // BD programs a head share its splits' columns: more SMs reading a batch of few heads)."""
+    (D // BD programs a head share its splits' columns: more SMs reading a batch of few heads). PDL: launched
+    while _decode runs (programmatic dependent launch), it waits for _decode's end before reading anything."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // G
@@ -135,6 +140,7 @@ def custom_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
     max_splits = triton.cdiv(max_tokens, chunk)
     interpreting = q.device.type != "cuda"
     launch = {} if interpreting else {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"])}
+    pdl = bool(cfg.get("PDL", 0)) and not interpreting  # Hopper's programmatic dependent launch of the merge
     acc = torch.empty(B * Hkv * max_splits * G * D, dtype=torch.float32, device=q.device)
     m = torch.empty(B * Hkv * max_splits * G, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
@@ -143,11 +149,12 @@ def custom_kernel(inputs: dict, config: dict | None = None) -> torch.Tensor:
         q, k_cache, v_cache, block_table, seq_lens, acc, m, l, float(inputs["scale"]) * math.log2(math.e),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_table.stride(0), Hkv, max_splits, G=G,
         G_PAD=max(16, triton.next_power_of_2(G)), D=D, PAGE=page, CHUNK=chunk, BLOCK_N=block_n, F32=interpreting,
-        **launch)
+        PDL=pdl, **launch)
     bd = min(int(cfg.get("MERGE_BD", D)), D)  # the smoke model's heads are narrower
     if D % bd:
         raise ValueError(f"MERGE_BD {bd} must divide the head dimension {D}")
     _merge[(B, Hq, D // bd)](seq_lens, out, acc, m, l, Hkv, max_splits, G=G, D=D, CHUNK=chunk,
-                             S=max(2, triton.next_power_of_2(max_splits)), BD=bd, F32=interpreting,
-                             **({} if interpreting else {"num_warps": int(cfg.get("merge_warps", 8))}))
+                             S=max(2, triton.next_power_of_2(max_splits)), BD=bd, F32=interpreting, PDL=pdl,
+                             **({} if interpreting else {"num_warps": int(cfg.get("merge_warps", 8))}),
+                             **({"launch_pdl": True} if pdl else {}))
     return out.to(q.dtype)
