@@ -173,21 +173,21 @@ for what in "$@"; do
     # Issue 18: where the attention solution's time goes, kernel by kernel (its decode and its merge; ~90 s)
     attention-breakdown) step attention-breakdown 90 python3 benchmarks/kernel_breakdown.py \
                            --problem muse_attention_decode --json "$OUT/attention-breakdown.json" ;;
-    # The two workloads still slower than their baselines first (the attention's B1 with the merge's new keys, the
-    # projection's M32 with the SWAP orientation, never searched on an H100), each followed by its official
-    # evaluation (~520 s)
+    # The two workloads still slower than their baselines first (the attention's merge: its columns a program, its
+    # warps, its dependent launch; the projection's SWAP orientation and stream-K: the stages never searched, from
+    # the kept configurations), each followed by its official evaluation (~520 s)
     solutions-slower) step tune-solution-attention 130 python3 benchmarks/tune_solutions.py muse_attention_decode \
-                        --write --seconds 0.15 --budget 100 --json "$OUT/tune-solution-attention.json"
+                        --stage 2 --stage 3 --write --seconds 0.15 --budget 100 --json "$OUT/tune-solution-attention.json"
                       cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
                       official_solution muse_attention_decode 100
                       step tune-solution-proj 170 python3 benchmarks/tune_solutions.py muse_bf16_proj \
-                        --write --seconds 0.2 --budget 140 --json "$OUT/tune-solution-proj.json"
+                        --stage 1 --stage 2 --write --seconds 0.2 --budget 140 --json "$OUT/tune-solution-proj.json"
                       cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
                       official_solution muse_bf16_proj 100 ;;
-    # the MoE's M1 with the register cap searched (its grids are 1.2-1.5 waves uncapped), then the MoE and the
-    # decode layer evaluated (~330 s)
-    solutions-moe-m1) step tune-solution-moe-m1 80 python3 benchmarks/tune_solutions.py muse_moe_w4a16 --shape M1 \
-                        --write --seconds 0.1 --budget 50 --json "$OUT/tune-solution-moe-m1.json"
+    # the MoE's last two stages: M1's register cap (its grids are 1.2-1.5 waves uncapped) and the dependent launch
+    # at every size, then the MoE and the decode layer evaluated (~360 s)
+    solutions-moe-m1) step tune-solution-moe-m1 110 python3 benchmarks/tune_solutions.py muse_moe_w4a16 \
+                        --stage -2 --stage -1 --write --seconds 0.1 --budget 80 --json "$OUT/tune-solution-moe-m1.json"
                       cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
                       moe_official; layer_official ;;
     # Issue 18: each solution called hundreds of times on the same inputs, eagerly and in graph replays, with the

@@ -45,7 +45,7 @@ GRIDS = {
                        {"SWAP": [0, 1], "BN": [64, 128], "num_stages": [3, 4, 5, 6]},
                        # stream-K: the tiles' K steps cut into one equal run a program, STREAM programs an SM (112
                        # tiles of BN 64 leave 20 of 132 SMs idle; split-K's 224 / 448 programs are 1.7 / 3.4 waves)
-                       {"STREAM": [1, 2], "SWAP": [0, 1], "BN": [64, 128], "num_stages": [4, 6]}],
+                       {"STREAM": [1, 2], "SWAP": [0, 1], "num_stages": [4, 6]}],
     # the tensor-core path's orientation (ROWS: the tokens as the dot's first operand; with 4 warps its kernels
     # hold 88-127 registers, as the baseline's, against 128-194 for ROWS 0: benchmarks/static_kernels.py), then
     # the CUDA-core path (PATH cc); each later stage tunes whichever is best so far. The CUDA-core GEMV's
@@ -85,7 +85,10 @@ GRIDS = {
                        {"stages_up": [2, 3, 4], "stages_down": [2, 3, 4], MAX_SIZE: 8},
                        # M1's grids are ~1.2-1.5 waves at ~4-5 programs an SM (gate/up: 8 pairs x 48 tiles x
                        # split 2; down: 8 x 80): the register cap fits more programs an SM, one wave
-                       {"BN_UP": [32, 64], "maxnreg_up": [0, 128, 168], "maxnreg_down": [0, 128, 168], MAX_SIZE: 8}],
+                       {"BN_UP": [32, 64], "maxnreg_up": [0, 128, 168], "maxnreg_down": [0, 128, 168], MAX_SIZE: 8},
+                       # the tensor-core path's three launches chained by Hopper's programmatic dependent launch
+                       # (_gate_up and _down launched while the kernel before runs, waiting on the device)
+                       {"PDL": [0, 1]}],
     "muse_attention_decode": [{"CHUNK": [128, 256, 512, 1024, 2048], "BLOCK_N": [32, 64]},
                               {"num_warps": [4, 8], "num_stages": [2, 3, 4]},
                               # the merge: one program a head reads all its splits' [S, D] tile (B1: 40 programs on
@@ -169,6 +172,16 @@ def chosen_shapes(shapes: list, names: list[str]) -> list:
     return [s for s in shapes if not names or s.name in names]
 
 
+def chosen_stages(grid: list[dict], indices: list[int]) -> list[dict]:
+    """The grid's stages at `indices` (all of them for none), in the grid's order."""
+    for i in indices:
+        if not -len(grid) <= i < len(grid):
+            raise SystemExit(f"--stage {i}: the grid has {len(grid)} stages (0 to {len(grid) - 1}, or -1 to "
+                             f"-{len(grid)} from the end)")
+    keep = {i % len(grid) for i in indices}
+    return [stage for i, stage in enumerate(grid) if not keep or i in keep]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("problem", choices=sorted(GRIDS))
@@ -180,12 +193,15 @@ def main() -> None:
                     "found so far and still writes it")
     ap.add_argument("--shape", action="append", default=[],
                     help="search this workload only (repeatable); the others keep their CONFIGS entries")
+    ap.add_argument("--stage", action="append", type=int, default=[],
+                    help="run this stage of the problem's grid only (repeatable; its index, negative from the end), "
+                         "from the kept configuration: the stages a short budget would never reach")
     args = ap.parse_args()
     problem = load_problem(args.problem)
     ref = problem.reference
     path, solution = load_solution(args.problem)
     ceilings = device_ceilings()
-    grid = GRIDS[args.problem]
+    grid = chosen_stages(GRIDS[args.problem], args.stage)
     shapes = chosen_shapes(problem.shapes("full", kinds=("workload",)), args.shape)
     rows, best = [], {size: dict(cfg) for size, cfg in solution.CONFIGS.items()}
     # each workload's share of --budget in proportion to the configurations its stages search

@@ -158,7 +158,8 @@ def test_the_attention_s_every_chunking_is_right(chunk, block_n, merge_bd, monke
 
 GPU_ONLY = [  # options that change nothing in the interpreter (Hopper's dependent launch) or need the SM count
     ("muse_attention_decode", {"PDL": 1}), ("muse_attention_decode", {"PDL": 1, "MERGE_BD": 32}),
-    ("muse_bf16_proj", {"STREAM": 1}), ("muse_bf16_proj", {"STREAM": 2, "SWAP": 1, "BN": 128})]
+    ("muse_bf16_proj", {"STREAM": 1}), ("muse_bf16_proj", {"STREAM": 2, "SWAP": 1, "BN": 128}),
+    ("muse_moe_w4a16", {"PDL": 1}), ("muse_moe_w4a16", {"PDL": 1, "PATH": "tc", "SPLIT_UP": 2, "SPLIT_DOWN": 2})]
 
 
 @pytest.mark.gpu
@@ -175,7 +176,8 @@ def test_the_gpu_only_options_are_right_on_the_full_model(problem_name, extra):
     for shape in problem.shapes("full", kinds=("workload", "test")):
         inputs = ref.make_inputs(shape, 11, "cuda")
         want = ref.reference(inputs)
-        cfg = {**mod.config_for(shape["B"] if problem_name == "muse_attention_decode" else shape["M"]), **extra}
+        size = shape["B"] if problem_name == "muse_attention_decode" else shape["M"]
+        cfg = {**mod.config_for(size), **extra}
         for _ in range(3):
             got = mod.custom_kernel(inputs, cfg)
             verdict = compare(got, want, problem.tolerances["output"], expected_dtype=torch.bfloat16)
@@ -285,7 +287,7 @@ def test_every_searched_key_is_one_its_solution_reads():
                 assert f'"{key}"' in text, f"tune_solutions.GRIDS[{problem!r}] searches {key!r}, which {problem}'s solution never reads"
 
 
-def test_a_search_of_some_workloads_names_them_and_refuses_an_unknown_one():
+def test_a_search_of_some_workloads_or_stages_names_them_and_refuses_an_unknown_one():
     """tune_solutions --shape searches the named workloads only (the others keep their CONFIGS entries, so
     scarce device time goes where it is needed); a misspelt name stops the search before any GPU time, naming
     the problem's workloads."""
@@ -299,6 +301,12 @@ def test_a_search_of_some_workloads_names_them_and_refuses_an_unknown_one():
     assert [s.name for s in tune_solutions.chosen_shapes(shapes, ["M32", "M1"])] == ["M1", "M32"]
     with pytest.raises(SystemExit, match="no workload M2; this problem's are M1, M16, M32"):
         tune_solutions.chosen_shapes(shapes, ["M1", "M2"])
+    # --stage: the stages named (from the end too), in the grid's order; one past the grid refused
+    grid = [{"A": [1]}, {"B": [2]}, {"C": [3]}]
+    assert tune_solutions.chosen_stages(grid, []) == grid
+    assert tune_solutions.chosen_stages(grid, [-1, 0]) == [{"A": [1]}, {"C": [3]}]
+    with pytest.raises(SystemExit, match="--stage 3: the grid has 3 stages"):
+        tune_solutions.chosen_stages(grid, [3])
 
 
 @pytest.mark.parametrize("programs, block", [(3, 64), (8, 16), (1, 256)])

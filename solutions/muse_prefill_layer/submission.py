@@ -98,7 +98,9 @@ def _max_combine(a, b):
 
 @triton.jit
 def _route(ids_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, n_pairs, NP: tl.constexpr,
-           BT: tl.constexpr):
+           BT: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # _gate_up may be launched now (it waits on the device for this grid's end before reading)
+        tl.extra.cuda.gdc_launch_dependents()
     i = tl.arange(0, NP)
     live = i < n_pairs
     e = tl.load(ids_ptr + i, mask=live, other=0x7FFF)  # past the end: after every real expert
@@ -275,7 +277,11 @@ def _parts_sum(at, stride, mask, SPLIT: tl.constexpr):
 @triton.jit
 def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
              ticket_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-             GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr):
+             GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr,
+             PDL: tl.constexpr = False):
+    if PDL:  # launched while _route ran: wait for its end and its writes, then let _down be launched
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
         return
@@ -335,7 +341,10 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
 @triton.jit
 def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, part_ptr,
           ticket_ptr, out_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-          GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr):
+          GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr,
+          PDL: tl.constexpr = False):
+    if PDL:  # launched while _gate_up ran: wait for its end and its writes before reading anything
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     if b >= tl.load(nblk_ptr):
         return
@@ -688,8 +697,9 @@ def _launch(cfg: dict, which: str, cuda: bool) -> dict:
     return launch
 
 
-def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
-    """The pairs sorted by expert, cut into blocks of at most bt (see _route); the block count bound."""
+def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int, pdl: bool = False):
+    """The pairs sorted by expert, cut into blocks of at most bt (see _route); the block count bound. `pdl`:
+    _route lets the next kernel (launched with launch_pdl) start while it runs."""
     dev = ids.device
     max_blocks = min(E, n_pairs) + n_pairs // bt
     spair = torch.empty(n_pairs, dtype=torch.int32, device=dev)
@@ -699,7 +709,7 @@ def _route_pairs(ids: torch.Tensor, n_pairs: int, E: int, bt: int):
     nblk = torch.empty(1, dtype=torch.int32, device=dev)
     if n_pairs <= MAX_PAIRS:
         _route[(1,)](ids, spair, sexp, bstart, bexp, nblk, n_pairs, NP=max(16, triton.next_power_of_2(n_pairs)),
-                     BT=bt)
+                     BT=bt, PDL=pdl)
         return max_blocks, (spair, sexp, bstart, bexp, nblk)
     # many pairs: ranks by an atomic count per expert (their order inside an expert's run varies from call
     # to call; every pair's row is computed and summed alike wherever it sits, so the output does not)
@@ -769,22 +779,27 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
             raise ValueError(f"{name} = {split} must divide the {groups} quantisation groups along K")
     f32 = x.device.type != "cuda"  # a CPU tensor runs only under Triton's interpreter
     up_launch, down_launch = _launch(cfg, "up", not f32), _launch(cfg, "down", not f32)
+    # Hopper's programmatic dependent launch: _gate_up and _down launched while the kernel before them runs,
+    # each waiting on the device (gdc_wait) for its end: the launches' gaps hidden
+    pdl = bool(cfg.get("PDL", 0)) and not f32
+    if pdl:
+        up_launch, down_launch = {**up_launch, "launch_pdl": True}, {**down_launch, "launch_pdl": True}
     dev = x.device
-    max_blocks, route = _route_pairs(topk_ids.reshape(-1).to(torch.int32), n_pairs, E, bt)
+    max_blocks, route = _route_pairs(topk_ids.reshape(-1).to(torch.int32), n_pairs, E, bt, pdl)
     act = torch.empty(n_pairs, I, dtype=torch.bfloat16, device=dev)
     up_tiles = triton.cdiv(I, bn_up)
     parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
     _gate_up[(max_blocks, up_tiles, split_up)](
         x, w13, w13_scale, *route, act, parts, _tickets(max_blocks * up_tiles, dev, "up"), n_pairs, H, I,
         H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, POST=post,
-        **up_launch)
+        PDL=pdl, **up_launch)
     down_tiles = triton.cdiv(H, bn_down)
     out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
     pair_out = torch.empty(split_down, n_pairs, H, dtype=torch.float32, device=dev)
     _down[(max_blocks, down_tiles, split_down)](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), *route, pair_out,
         _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, I // 2, TOPK=topk, BT=bt, BN=bn_down,
-        GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, POST=post, **down_launch)
+        GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, POST=post, PDL=pdl, **down_launch)
     return out
 
 
