@@ -184,10 +184,10 @@ for what in "$@"; do
                         --stage 1 --stage 2 --write --seconds 0.2 --budget 140 --json "$OUT/tune-solution-proj.json"
                       cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
                       official_solution muse_bf16_proj 100 ;;
-    # the MoE's last two stages: M1's register cap (its grids are 1.2-1.5 waves uncapped) and the dependent launch
-    # at every size, then the MoE and the decode layer evaluated (~360 s)
+    # the MoE's last three stages: M1's register cap (its grids are 1.2-1.5 waves uncapped) and route skipped, the
+    # dependent launch at every size; then the MoE and the decode layer evaluated (~360 s)
     solutions-moe-m1) step tune-solution-moe-m1 110 python3 benchmarks/tune_solutions.py muse_moe_w4a16 \
-                        --stage -2 --stage -1 --write --seconds 0.1 --budget 80 --json "$OUT/tune-solution-moe-m1.json"
+                        --stage -3 --stage -2 --stage -1 --write --seconds 0.1 --budget 80 --json "$OUT/tune-solution-moe-m1.json"
                       cp solutions/muse_moe_w4a16/submission.py "$OUT/solution-moe.py" 2>/dev/null
                       moe_official; layer_official ;;
     # Issue 18: each solution called hundreds of times on the same inputs, eagerly and in graph replays, with the

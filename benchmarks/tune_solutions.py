@@ -86,6 +86,8 @@ GRIDS = {
                        # M1's grids are ~1.2-1.5 waves at ~4-5 programs an SM (gate/up: 8 pairs x 48 tiles x
                        # split 2; down: 8 x 80): the register cap fits more programs an SM, one wave
                        {"BN_UP": [32, 64], "maxnreg_up": [0, 128, 168], "maxnreg_down": [0, 128, 168], MAX_SIZE: 8},
+                       # M1's experts have one pair each: sorting groups nothing, so no _route (one launch fewer)
+                       {"SORT": [0, 1], MAX_SIZE: 8},
                        # the tensor-core path's three launches chained by Hopper's programmatic dependent launch
                        # (_gate_up and _down launched while the kernel before runs, waiting on the device)
                        {"PDL": [0, 1]}],

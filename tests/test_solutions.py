@@ -90,6 +90,8 @@ MOE_VARIANTS = [  # the two searched stages' extremes: split-K on either GEMM (t
     {"PATH": "tc", "BT": 16, "BN_UP": 32, "SPLIT_UP": 4, "BN_DOWN": 128, "SPLIT_DOWN": 2, "ROWS": 0},
     {"PATH": "tc", "BT": 32, "BN_UP": 128, "SPLIT_UP": 1, "BN_DOWN": 32, "SPLIT_DOWN": 1, "ROWS": 0},
     {"PATH": "tc", "BT": 16, "BN_UP": 64, "SPLIT_UP": 2, "BN_DOWN": 64, "SPLIT_DOWN": 2, "ROWS": 1},  # tokens as the first operand
+    # unsorted (no _route: block b is pair b), meant for M1 and right at every size
+    {"PATH": "tc", "BT": 16, "BN_UP": 32, "SPLIT_UP": 2, "BN_DOWN": 64, "SPLIT_DOWN": 2, "ROWS": 1, "SORT": 0},
     # BT > 32: weights scaled (POST 0), in both orientations (M1's ROWS 1 is the default, so ROWS 0 named)
     {"PATH": "tc", "BT": 64, "BN_UP": 64, "SPLIT_UP": 1, "BN_DOWN": 64, "SPLIT_DOWN": 1, "ROWS": 0},
     {"PATH": "tc", "BT": 64, "BN_UP": 64, "SPLIT_UP": 1, "BN_DOWN": 64, "SPLIT_DOWN": 1, "ROWS": 1},
@@ -159,7 +161,8 @@ def test_the_attention_s_every_chunking_is_right(chunk, block_n, merge_bd, monke
 GPU_ONLY = [  # options that change nothing in the interpreter (Hopper's dependent launch) or need the SM count
     ("muse_attention_decode", {"PDL": 1}), ("muse_attention_decode", {"PDL": 1, "MERGE_BD": 32}),
     ("muse_bf16_proj", {"STREAM": 1}), ("muse_bf16_proj", {"STREAM": 2, "SWAP": 1, "BN": 128}),
-    ("muse_moe_w4a16", {"PDL": 1}), ("muse_moe_w4a16", {"PDL": 1, "PATH": "tc", "SPLIT_UP": 2, "SPLIT_DOWN": 2})]
+    ("muse_moe_w4a16", {"PDL": 1}), ("muse_moe_w4a16", {"PDL": 1, "PATH": "tc", "SPLIT_UP": 2, "SPLIT_DOWN": 2}),
+    ("muse_moe_w4a16", {"PDL": 1, "PATH": "tc", "SORT": 0})]
 
 
 @pytest.mark.gpu

@@ -282,13 +282,20 @@ def _mac(acc, packed, scale, xt, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl
 
 
 @triton.jit
-def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constexpr):
-    """Block b's expert, its pairs [BT] and which of them are its own."""
-    e = tl.load(bexp_ptr + b)
-    r = tl.load(bstart_ptr + b) + tl.arange(0, BT)
-    inside = r < n_pairs
-    mine = inside & (tl.load(sexp_ptr + r, mask=inside, other=-1) == e)
-    return e.to(tl.int64), tl.load(spair_ptr + r, mask=mine, other=0), mine
+def _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT: tl.constexpr, SORTED: tl.constexpr = True):
+    """Block b's expert, its pairs [BT] and which of them are its own. Unsorted (no _route: M1, where every
+    expert has one pair), block b is pair b alone and sexp_ptr the experts as the router chose them."""
+    if SORTED:
+        e = tl.load(bexp_ptr + b)
+        r = tl.load(bstart_ptr + b) + tl.arange(0, BT)
+        inside = r < n_pairs
+        mine = inside & (tl.load(sexp_ptr + r, mask=inside, other=-1) == e)
+        pair = tl.load(spair_ptr + r, mask=mine, other=0)
+    else:
+        e = tl.load(sexp_ptr + b)
+        mine = tl.arange(0, BT) == 0
+        pair = tl.where(mine, b, 0)
+    return e.to(tl.int64), pair, mine
 
 
 @triton.jit
@@ -305,14 +312,15 @@ def _parts_sum(at, stride, mask, SPLIT: tl.constexpr):
 def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, act_ptr, part_ptr,
              ticket_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
              GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr,
-             PDL: tl.constexpr = False):
+             PDL: tl.constexpr = False, SORTED: tl.constexpr = True):
     if PDL:  # launched while _route ran: wait for its end and its writes, then let _down be launched
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
-    if b >= tl.load(nblk_ptr):
-        return
-    e, pair, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT)
+    if SORTED:
+        if b >= tl.load(nblk_ptr):
+            return
+    e, pair, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT, SORTED)
     tok = (pair // TOPK).to(tl.int64)
     tile = tl.program_id(1)
     rn = tile * BN + tl.arange(0, BN)
@@ -369,13 +377,14 @@ def _gate_up(x_ptr, w_ptr, s_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nbl
 def _down(act_ptr, w_ptr, s_ptr, tw_ptr, spair_ptr, sexp_ptr, bstart_ptr, bexp_ptr, nblk_ptr, part_ptr,
           ticket_ptr, out_ptr, n_pairs, H, I, G, ROW, TOPK: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
           GROUP: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, ROWS: tl.constexpr, POST: tl.constexpr,
-          PDL: tl.constexpr = False):
+          PDL: tl.constexpr = False, SORTED: tl.constexpr = True):
     if PDL:  # launched while _gate_up ran: wait for its end and its writes before reading anything
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
-    if b >= tl.load(nblk_ptr):
-        return
-    e, pair, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT)
+    if SORTED:
+        if b >= tl.load(nblk_ptr):
+            return
+    e, pair, mine = _block(b, bstart_ptr, bexp_ptr, spair_ptr, sexp_ptr, n_pairs, BT, SORTED)
     pair = pair.to(tl.int64)
     tile = tl.program_id(1)
     rn = tile * BN + tl.arange(0, BN)
@@ -809,24 +818,32 @@ def _fused_moe_tc(x, topk_ids, topk_weights, w13, w13_scale, w2, w2_scale, cfg: 
     # Hopper's programmatic dependent launch: _gate_up and _down launched while the kernel before them runs,
     # each waiting on the device (gdc_wait) for its end: the launches' gaps hidden
     pdl = bool(cfg.get("PDL", 0)) and not f32
+    # SORT 0 (M1: each expert has one pair, so sorting groups nothing): no _route, block b is pair b; _gate_up
+    # is then the call's first kernel, launched plainly (a call's first kernel never overlaps the previous call)
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    sort = bool(cfg.get("SORT", 1))
     if pdl:
-        up_launch, down_launch = {**up_launch, "launch_pdl": True}, {**down_launch, "launch_pdl": True}
+        up_launch = {**up_launch, "launch_pdl": True} if sort else up_launch
+        down_launch = {**down_launch, "launch_pdl": True}
     dev = x.device
-    max_blocks, route = _route_pairs(topk_ids.reshape(-1).to(torch.int32), n_pairs, E, bt, pdl)
+    if sort:
+        max_blocks, route = _route_pairs(ids, n_pairs, E, bt, pdl)
+    else:
+        max_blocks, route = n_pairs, (ids,) * 5  # unsorted, _block reads the experts through sexp_ptr
     act = torch.empty(n_pairs, I, dtype=torch.bfloat16, device=dev)
     up_tiles = triton.cdiv(I, bn_up)
     parts = act if split_up == 1 else torch.empty(split_up, n_pairs, 2 * I, dtype=torch.float32, device=dev)
     _gate_up[(max_blocks, up_tiles, split_up)](
         x, w13, w13_scale, *route, act, parts, _tickets(max_blocks * up_tiles, dev, "up"), n_pairs, H, I,
         H // group, H // 2, TOPK=topk, BT=bt, BN=bn_up, GROUP=group, SPLIT=split_up, F32=f32, ROWS=rows, POST=post,
-        PDL=pdl, **up_launch)
+        PDL=pdl, SORTED=sort, **up_launch)
     down_tiles = triton.cdiv(H, bn_down)
     out = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
     pair_out = torch.empty(split_down, n_pairs, H, dtype=torch.float32, device=dev)
     _down[(max_blocks, down_tiles, split_down)](
         act, w2, w2_scale, topk_weights.reshape(-1).float(), *route, pair_out,
         _tickets(M * down_tiles, dev, "down"), out, n_pairs, H, I, I // group, I // 2, TOPK=topk, BT=bt, BN=bn_down,
-        GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, POST=post, PDL=pdl, **down_launch)
+        GROUP=group, SPLIT=split_down, F32=f32, ROWS=rows, POST=post, PDL=pdl, SORTED=sort, **down_launch)
     return out
 
 
