@@ -49,6 +49,8 @@ def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointe
     name the types of the arguments that are not the MoE's usual pointers or i32; `maxnreg` caps a thread's
     registers (the launch option the MoE solution's "maxnreg_up" / "maxnreg_down" set)."""
     names = fn.arg_names
+    # a constexpr left out takes its default, as a launch does (not a runtime i32: a branch on it would stay)
+    constexprs = {**{q.name: q.default for q in fn.params if q.is_constexpr and q.has_default}, **constexprs}
     types = {**POINTERS, **(pointers or {})}
     scalars = scalars or {}
     signature, attrs = {}, {}
@@ -82,6 +84,7 @@ def compile_report(fn, constexprs: dict, num_warps: int, num_stages: int, pointe
             "ld_v4": ptx.count("ld.global.v4"), "ld_v2": ptx.count("ld.global.v2"),
             "ld": len(re.findall(r"ld\.global", ptx)), "cp_async": ptx.count("cp.async"),
             "wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
+            "griddep": ptx.count("griddepcontrol"),
             "loop_instructions": inner_loop(sass)}
 
 
@@ -151,6 +154,14 @@ def rows() -> list[dict]:
         add("solution _down (tensor cores)", solution._down,
             {**moe, "BT": 16, "BN": 64, "SPLIT": 1, "F32": False, "ROWS": 0, "POST": 1}, 2, 5, maxnreg=cap,
             pointers={"act_ptr": "*bf16", "out_ptr": "*bf16"}, weights=64 * 128 / (32 * 2))
+    # the launches chained by programmatic dependent launch (griddepcontrol in the PTX), and unsorted (SORT 0: no
+    # route, block b is pair b), eighteenth session
+    add("solution _gate_up (tensor cores, PDL, unsorted)", solution._gate_up,
+        {**moe, "BT": 16, "BN": 32, "SPLIT": 2, "F32": False, "ROWS": 1, "POST": 1, "PDL": True, "SORTED": False}, 2, 3,
+        weights=2 * 32 * 128 / (32 * 2))
+    add("solution _down (tensor cores, PDL, unsorted)", solution._down,
+        {**moe, "BT": 16, "BN": 64, "SPLIT": 1, "F32": False, "ROWS": 1, "POST": 1, "PDL": True, "SORTED": False}, 2, 3,
+        pointers={"act_ptr": "*bf16", "out_ptr": "*bf16"}, weights=64 * 128 / (32 * 2))
     # the layers' own kernels, as their generated submissions define them
     decode = _module(ROOT / "solutions" / "muse_decode_layer" / "submission.py", "solution_decode_layer")
     prefill = _module(ROOT / "solutions" / "muse_prefill_layer" / "submission.py", "solution_prefill_layer")
@@ -177,6 +188,10 @@ def rows() -> list[dict]:
         add(f"proj _skinny (SWAP {swap}, BM {bm})", proj._skinny,
             {"BM": bm, "BN": 64, "BK": 128, "SPLIT": 1, "SWAP": swap, "F32": False}, 4, 6,
             pointers={"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"}, divisible={"K", "N", "k_per_split"})
+    attention_part = _module(ROOT / "solutions" / "muse_attention_decode" / "submission.py", "solution_attention")
+    add("attention _merge (PDL)", attention_part._merge,
+        {"G": 5, "D": 128, "CHUNK": 256, "S": 64, "BD": 32, "F32": False, "PDL": True}, 4, 1,
+        pointers={"out_ptr": "*bf16", "acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "lens_ptr": "*i32"})
     # and its stream-K form (eighteenth session): one run of (tile, K step)s a program, whole tiles stored at once
     for swap in (0, 1):
         add(f"proj _stream (SWAP {swap}, BM 32)", proj._stream,

@@ -269,6 +269,10 @@ def test_the_solutions_kernels_compile_for_hopper(tmp_path):
     assert len(proj) == 4
     assert all(proj[(1, bm)]["wgmma"] > 0 and proj[(1, bm)]["mma_sync"] == 0 for bm in (16, 32)), proj
     assert all(proj[(0, bm)]["wgmma"] == 0 and proj[(0, bm)]["mma_sync"] > 0 for bm in (16, 32)), proj
+    # the dependent launch reaches the PTX (griddepcontrol: the merge's and the MoE's waits, gate/up's trigger)
+    pdl = [r for r in rows if "PDL" in r["kernel"]]
+    assert len(pdl) == 3 and all(r["griddep"] > 0 for r in pdl), pdl
+    assert all(r["griddep"] == 0 for r in rows if r["config"].get("PDL") is None and "merge" not in r["kernel"])
 
 
 def test_every_searched_key_is_one_its_solution_reads():
