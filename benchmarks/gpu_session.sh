@@ -6,7 +6,7 @@
 # builds .whl/ with `bash benchmarks/device_wheels.sh` (carry it: `carry: [".whl"]`).
 # Steps added since: moe-ncu moe-breakdown fused-ops baselines faults serving env tune-deq2 tune-deq2-prefill grid-bound rope solutions templates templates-decode sglang sglang-quick sglang-official solutions-attention stress moe-gpu-tests solutions-moe solution-moe-profile solutions-layer solutions-prefill solutions-official-all solutions-moe-layer solutions-rest solutions-moe-short
 # solutions-moe-layer-short solutions-moe-last solution-moe-profile-tc solutions-official-decode layer-breakdown
-# read-ceiling solutions-slower solutions-moe-m1 attention-breakdown
+# read-ceiling solutions-slower solutions-moe-m1 attention-breakdown solutions-slower-short
 # (see each below).
 # The device returns at most 8 files: with PACK set (the device's $OUT), the logs are written under
 # /tmp/gpu-session and packed into $PACK/session.tgz after every step, so a call cut short by its
@@ -184,6 +184,15 @@ for what in "$@"; do
                         --stage 1 --stage 2 --write --seconds 0.2 --budget 140 --json "$OUT/tune-solution-proj.json"
                       cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
                       official_solution muse_bf16_proj 100 ;;
+    # solutions-slower in ~390 s, for a call with little device time left: shorter searches of the same stages
+    solutions-slower-short) step tune-solution-attention 75 python3 benchmarks/tune_solutions.py muse_attention_decode \
+                              --stage 2 --stage 3 --write --seconds 0.1 --budget 55 --json "$OUT/tune-solution-attention.json"
+                            cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
+                            step tune-solution-proj 95 python3 benchmarks/tune_solutions.py muse_bf16_proj \
+                              --stage 1 --stage 2 --write --seconds 0.1 --budget 75 --json "$OUT/tune-solution-proj.json"
+                            cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
+                            official_solution muse_attention_decode 100
+                            official_solution muse_bf16_proj 100 ;;
     # the MoE's last three stages: M1's register cap (its grids are 1.2-1.5 waves uncapped) and route skipped, the
     # dependent launch at every size; then the MoE and the decode layer evaluated (~360 s)
     solutions-moe-m1) step tune-solution-moe-m1 110 python3 benchmarks/tune_solutions.py muse_moe_w4a16 \
