@@ -174,14 +174,14 @@ for what in "$@"; do
     attention-breakdown) step attention-breakdown 90 python3 benchmarks/kernel_breakdown.py \
                            --problem muse_attention_decode --json "$OUT/attention-breakdown.json" ;;
     # The two workloads still slower than their baselines first (the attention's merge: its columns a program, its
-    # warps, its dependent launch; the projection's SWAP orientation and stream-K: the stages never searched, from
+    # warps, its dependent launch; the projection's SWAP orientation (and a stream-K, since removed): the stages never searched, from
     # the kept configurations), each followed by its official evaluation (~520 s)
     solutions-slower) step tune-solution-attention 130 python3 benchmarks/tune_solutions.py muse_attention_decode \
                         --stage 2 --stage 3 --write --seconds 0.15 --budget 100 --json "$OUT/tune-solution-attention.json"
                       cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
                       official_solution muse_attention_decode 100
                       step tune-solution-proj 170 python3 benchmarks/tune_solutions.py muse_bf16_proj \
-                        --stage 1 --stage 2 --write --seconds 0.2 --budget 140 --json "$OUT/tune-solution-proj.json"
+                        --stage 1 --write --seconds 0.2 --budget 140 --json "$OUT/tune-solution-proj.json"
                       cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
                       official_solution muse_bf16_proj 100 ;;
     # solutions-slower in ~390 s, for a call with little device time left: shorter searches of the same stages
@@ -189,7 +189,7 @@ for what in "$@"; do
                               --stage 2 --stage 3 --write --seconds 0.1 --budget 55 --json "$OUT/tune-solution-attention.json"
                             cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
                             step tune-solution-proj 95 python3 benchmarks/tune_solutions.py muse_bf16_proj \
-                              --stage 1 --stage 2 --write --seconds 0.1 --budget 75 --json "$OUT/tune-solution-proj.json"
+                              --stage 1 --write --seconds 0.1 --budget 75 --json "$OUT/tune-solution-proj.json"
                             cp solutions/muse_bf16_proj/submission.py "$OUT/solution-proj.py" 2>/dev/null
                             official_solution muse_attention_decode 100
                             official_solution muse_bf16_proj 100 ;;

@@ -192,11 +192,6 @@ def rows() -> list[dict]:
     add("attention _merge (PDL)", attention_part._merge,
         {"G": 5, "D": 128, "CHUNK": 256, "S": 64, "BD": 32, "F32": False, "PDL": True}, 4, 1,
         pointers={"out_ptr": "*bf16", "acc_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "lens_ptr": "*i32"})
-    # and its stream-K form (eighteenth session): one run of (tile, K step)s a program, whole tiles stored at once
-    for swap in (0, 1):
-        add(f"proj _stream (SWAP {swap}, BM 32)", proj._stream,
-            {"BM": 32, "BN": 64, "BK": 128, "SWAP": swap, "F32": False}, 4, 6,
-            pointers={"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"}, divisible={"K", "N"})
     if getattr(base, "triton", None) is not None:
         for m in (1, 16):
             cfg = base.config_for(m)

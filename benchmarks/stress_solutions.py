@@ -28,10 +28,10 @@ from pipeline.kernel.check import compare  # noqa: E402
 from pipeline.problems import load_problem  # noqa: E402
 from tune_solutions import load_solution, size_of  # noqa: E402
 
-# Configurations that take the ticket path where the tuned one may not (SPLIT > 1, stream-K), the projection's also turned
+# Configurations that take the ticket path where the tuned one may not (SPLIT > 1), the projection's also turned
 # around (SWAP: its parts written from the transposed tile), the attention's merge split over columns, and the
 # launches chained by programmatic dependent launch (PDL) or the MoE's route skipped (SORT 0).
-FORCED = {"muse_bf16_proj": [{"SPLIT": 2}, {"SPLIT": 4}, {"SPLIT": 4, "SWAP": 1}, {"STREAM": 1}, {"STREAM": 2, "SWAP": 1}],
+FORCED = {"muse_bf16_proj": [{"SPLIT": 2}, {"SPLIT": 4}, {"SPLIT": 4, "SWAP": 1}],
           "muse_moe_w4a16": [{"SPLIT_UP": 4, "SPLIT_DOWN": 2}, {"PDL": 1}, {"PDL": 1, "SPLIT_UP": 2, "SPLIT_DOWN": 2},
                              {"SORT": 0, "PDL": 1}],
           "muse_attention_decode": [{"MERGE_BD": 32, "merge_warps": 4}, {"PDL": 1}, {"PDL": 0}]}

@@ -41,11 +41,10 @@ GRIDS = {
                        # the orientation: the weight's rows as the dot's first operand compile to wgmma (BN >= 64)
                        # where the tokens' 16-32 rows make mma.sync, with fewer registers (56 against 72 and 8 bytes
                        # of stack at BM 32, BN 64) and a shorter loop (122 against 139 instructions), for 20% more
-                       # shared memory (benchmarks/static_kernels.py, seventeenth session); never timed yet
-                       {"SWAP": [0, 1], "BN": [64, 128], "num_stages": [3, 4, 5, 6]},
-                       # stream-K: the tiles' K steps cut into one equal run a program, STREAM programs an SM (112
-                       # tiles of BN 64 leave 20 of 132 SMs idle; split-K's 224 / 448 programs are 1.7 / 3.4 waves)
-                       {"STREAM": [1, 2], "SWAP": [0, 1], "num_stages": [4, 6]}],
+                       # shared memory (benchmarks/static_kernels.py, seventeenth session): 0.6-1.1 us faster at every
+                       # M on an H100 (eighteenth). (Stream-K, 132 equal runs of (tile, K step)s, lost by 4 us there:
+                       # docs/BENCHMARKS.md, eighteenth session.)
+                       {"SWAP": [0, 1], "BN": [64, 128], "num_stages": [3, 4, 5, 6]}],
     # the tensor-core path's orientation (ROWS: the tokens as the dot's first operand; with 4 warps its kernels
     # hold 88-127 registers, as the baseline's, against 128-194 for ROWS 0: benchmarks/static_kernels.py), then
     # the CUDA-core path (PATH cc); each later stage tunes whichever is best so far. The CUDA-core GEMV's

@@ -29,11 +29,35 @@ import triton
 import triton.language as tl
 
 # batch size (the nearest tuned) -> tiling; CHUNK is a multiple of BLOCK_N.
-# searched on NVIDIA H100 80GB HBM3, 2026-12-05 (benchmarks/tune_solutions.py --write)
+# searched on NVIDIA H100 80GB HBM3, 2026-12-06 (benchmarks/tune_solutions.py --write)
 CONFIGS = {
-    1: {"CHUNK": 256, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
-    16: {"CHUNK": 2048, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-    32: {"CHUNK": 1024, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    1: {
+        "CHUNK": 256,
+        "BLOCK_N": 32,
+        "num_warps": 4,
+        "num_stages": 3,
+        "MERGE_BD": 32,
+        "merge_warps": 2,
+        "PDL": 1,
+    },
+    16: {
+        "CHUNK": 2048,
+        "BLOCK_N": 32,
+        "num_warps": 4,
+        "num_stages": 2,
+        "MERGE_BD": 64,
+        "merge_warps": 2,
+        "PDL": 0,
+    },
+    32: {
+        "CHUNK": 1024,
+        "BLOCK_N": 64,
+        "num_warps": 4,
+        "num_stages": 2,
+        "MERGE_BD": 128,
+        "merge_warps": 2,
+        "PDL": 1,
+    },
 }
 MAX_SPLITS = 128  # the merge holds a request's splits in one tile: CHUNK grows to keep them within this
 

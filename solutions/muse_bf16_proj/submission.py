@@ -21,11 +21,11 @@ import triton
 import triton.language as tl
 
 # M (the nearest tuned) -> tile sizes; BM covers M (the dot needs 16 rows at least).
-# searched on NVIDIA H200, 2026-12-02 (benchmarks/tune_solutions.py --write)
+# searched on NVIDIA H100 80GB HBM3, 2026-12-06 (benchmarks/tune_solutions.py --write)
 CONFIGS = {
-    1: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 6},
-    16: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 6},
-    32: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 6},
+    1: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 6, "SWAP": 1},
+    16: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 5, "SWAP": 1},
+    32: {"BN": 64, "BK": 128, "SPLIT": 1, "num_warps": 4, "num_stages": 5, "SWAP": 1},
 }
 
 
@@ -76,71 +76,6 @@ def _skinny(x_ptr, w_ptr, out_ptr, part_ptr, ticket_ptr, M, N, K, k_per_split,
             tl.atomic_xchg(ticket_ptr + pid_n, 0)  # ready for the next call (and the next graph replay)
 
 
-@triton.jit
-def _stream(x_ptr, w_ptr, out_ptr, part_ptr, ticket_ptr, M, N, K, P,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr, F32: tl.constexpr):
-    """Stream-K: the n_tiles x (K / BK) steps of the whole product cut into P equal runs, one a program (P a
-    multiple of the SMs: N / BN = 112 tiles leave 20 of 132 SMs idle, and split-K's 224 or 448 programs are
-    1.7 or 3.4 waves). A run covers whole tiles (stored at once) and at its ends parts of tiles: each such part
-    is written to the program's slot (0: the run's first segment, 1: its last), the tile's ticket taken, and the
-    last of the tile's segments to arrive adds them in program order (fixed: deterministic) and stores it."""
-    p = tl.program_id(0)
-    steps = K // BK
-    units = tl.cdiv(N, BN) * steps
-    u0 = (p * units) // P
-    u1 = ((p + 1) * units) // P
-    rm = tl.arange(0, BM)
-    rk = tl.arange(0, BK)
-    m_ok = rm < M
-    if SWAP:
-        local = tl.arange(0, BN)[:, None] * BM + rm[None, :]
-    else:
-        local = rm[:, None] * BN + tl.arange(0, BN)[None, :]
-    u = u0
-    for _ in range((u1 - 1) // steps - u0 // steps + (u1 > u0)):  # the tiles the run touches
-        tile = u // steps
-        t0 = tile * steps
-        end = tl.minimum(u1, t0 + steps)
-        rn = tile * BN + tl.arange(0, BN)
-        n_ok = rn < N
-        if SWAP:
-            acc = tl.zeros((BN, BM), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range((u - t0) * BK, (end - t0) * BK, BK):
-            a = tl.load(x_ptr + rm[:, None] * K + (k0 + rk)[None, :], mask=m_ok[:, None], other=0.0)
-            b = tl.load(w_ptr + rn[:, None].to(tl.int64) * K + (k0 + rk)[None, :], mask=n_ok[:, None], other=0.0)
-            if F32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            if SWAP:
-                acc = tl.dot(b, tl.trans(a), acc)
-            else:
-                acc = tl.dot(a, tl.trans(b), acc)
-        if SWAP:
-            keep = n_ok[:, None] & m_ok[None, :]
-            at = rm[None, :] * N + rn[:, None]
-        else:
-            keep = m_ok[:, None] & n_ok[None, :]
-            at = rm[:, None] * N + rn[None, :]
-        if (u == t0) & (end == t0 + steps):  # the whole tile
-            tl.store(out_ptr + at, acc.to(tl.bfloat16), mask=keep)
-        else:
-            first = ((t0 + 1) * P - 1) // units  # the programs whose runs share the tile
-            last = ((t0 + steps) * P - 1) // units
-            slot = 2 * p + (u != u0)
-            tl.store(part_ptr + slot.to(tl.int64) * BM * BN + local, acc)
-            tl.debug_barrier()  # every thread's part is written before the ticket is taken (release)
-            if tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel") == last - first:
-                total = tl.zeros(acc.shape, dtype=tl.float32)
-                for q in range(first, last + 1):  # program order, whoever arrived last: deterministic
-                    q_slot = 2 * q + ((q == first) & ((first * units) // P != t0))
-                    total += tl.load(part_ptr + q_slot.to(tl.int64) * BM * BN + local, cache_modifier=".cg")
-                tl.store(out_ptr + at, total.to(tl.bfloat16), mask=keep)
-                tl.atomic_xchg(ticket_ptr + tile, 0)  # ready for the next call (and the next graph replay)
-        u = end
-
-
 _TICKETS: dict = {}
 
 
@@ -150,17 +85,6 @@ def _tickets(n_tiles: int, device: torch.device) -> torch.Tensor:
     if key not in _TICKETS:
         _TICKETS[key] = torch.zeros(n_tiles, dtype=torch.int32, device=device)
     return _TICKETS[key]
-
-
-def _stream_programs(cfg: dict, device: torch.device) -> int:
-    """Stream-K's programs: STREAM a multiprocessor (0: tiles and split-K), or PROGRAMS as they are (tests)."""
-    if "PROGRAMS" in cfg:
-        return int(cfg["PROGRAMS"])
-    per_sm = int(cfg.get("STREAM", 0))
-    if not per_sm:
-        return 0
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return per_sm * sms
 
 
 def config_for(m: int) -> dict:
@@ -183,13 +107,6 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) ->
     out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     bn = int(cfg["BN"])
     n_tiles = triton.cdiv(N, bn)
-    programs = _stream_programs(cfg, x.device)
-    if programs and K % bk == 0:
-        programs = min(programs, n_tiles * (K // bk))
-        parts = torch.empty(2 * programs * bm * bn, dtype=torch.float32, device=x.device)
-        _stream[(programs,)](x, w, out, parts, _tickets(n_tiles, x.device), M, N, K, programs, BM=bm, BN=bn, BK=bk,
-                             SWAP=int(cfg.get("SWAP", 0)), F32=interpreting, **launch)
-        return out
     parts = out if split == 1 else torch.empty(split, M, N, dtype=torch.float32, device=x.device)
     _skinny[(n_tiles, split)](x, w, out, parts, _tickets(n_tiles, x.device), M, N, K, K // split, BM=bm, BN=bn,
                               BK=bk, SPLIT=split, SWAP=int(cfg.get("SWAP", 0)), F32=interpreting, **launch)

@@ -24,9 +24,33 @@ from math import gcd
 # ---- from solutions/muse_attention_decode/submission.py (CONFIGS, config_for, custom_kernel prefixed attn_) ----
 
 attn_CONFIGS = {
-    1: {"CHUNK": 256, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3},
-    16: {"CHUNK": 2048, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
-    32: {"CHUNK": 1024, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    1: {
+        "CHUNK": 256,
+        "BLOCK_N": 32,
+        "num_warps": 4,
+        "num_stages": 3,
+        "MERGE_BD": 32,
+        "merge_warps": 2,
+        "PDL": 1,
+    },
+    16: {
+        "CHUNK": 2048,
+        "BLOCK_N": 32,
+        "num_warps": 4,
+        "num_stages": 2,
+        "MERGE_BD": 64,
+        "merge_warps": 2,
+        "PDL": 0,
+    },
+    32: {
+        "CHUNK": 1024,
+        "BLOCK_N": 64,
+        "num_warps": 4,
+        "num_stages": 2,
+        "MERGE_BD": 128,
+        "merge_warps": 2,
+        "PDL": 1,
+    },
 }
 MAX_SPLITS = 128  # the merge holds a request's splits in one tile: CHUNK grows to keep them within this
 
@@ -172,6 +196,10 @@ moe_CONFIGS = {
         "ROWS": 1,
         "SPLIT_UP": 2,
         "SPLIT_DOWN": 1,
+        "maxnreg_up": 168,
+        "maxnreg_down": 0,
+        "SORT": 0,
+        "PDL": 1,
     },
     16: {
         "PATH": "tc",
@@ -189,6 +217,7 @@ moe_CONFIGS = {
         "ROWS": 0,
         "maxnreg_up": 168,
         "maxnreg_down": 0,
+        "PDL": 1,
     },
     32: {
         "PATH": "tc",
@@ -206,6 +235,7 @@ moe_CONFIGS = {
         "ROWS": 1,
         "maxnreg_up": 128,
         "maxnreg_down": 0,
+        "PDL": 0,
     },
 }
 ONE = 0x3F800000  # the bit pattern of float32 1.0 (the words' unpacking; an argument, see _nib)

@@ -44,6 +44,10 @@ moe_CONFIGS = {
         "ROWS": 1,
         "SPLIT_UP": 2,
         "SPLIT_DOWN": 1,
+        "maxnreg_up": 168,
+        "maxnreg_down": 0,
+        "SORT": 0,
+        "PDL": 1,
     },
     16: {
         "PATH": "tc",
@@ -61,6 +65,7 @@ moe_CONFIGS = {
         "ROWS": 0,
         "maxnreg_up": 168,
         "maxnreg_down": 0,
+        "PDL": 1,
     },
     32: {
         "PATH": "tc",
@@ -78,6 +83,7 @@ moe_CONFIGS = {
         "ROWS": 1,
         "maxnreg_up": 128,
         "maxnreg_down": 0,
+        "PDL": 0,
     },
 }
 ONE = 0x3F800000  # the bit pattern of float32 1.0 (the words' unpacking; an argument, see _nib)
