@@ -173,9 +173,9 @@ for what in "$@"; do
     # Issue 18: where the attention solution's time goes, kernel by kernel (its decode and its merge; ~90 s)
     attention-breakdown) step attention-breakdown 90 python3 benchmarks/kernel_breakdown.py \
                            --problem muse_attention_decode --json "$OUT/attention-breakdown.json" ;;
-    # The two workloads still slower than their baselines first (the attention's merge: its columns a program, its
-    # warps, its dependent launch; the projection's SWAP orientation (and a stream-K, since removed): the stages never searched, from
-    # the kept configurations), each followed by its official evaluation (~520 s)
+    # The two workloads that were slower than their baselines (the attention's merge: its columns a program, its
+    # warps, its dependent launch; the projection's SWAP orientation), the stages searched from the kept
+    # configurations, each followed by its official evaluation (~520 s)
     solutions-slower) step tune-solution-attention 130 python3 benchmarks/tune_solutions.py muse_attention_decode \
                         --stage 2 --stage 3 --write --seconds 0.15 --budget 100 --json "$OUT/tune-solution-attention.json"
                       cp solutions/muse_attention_decode/submission.py "$OUT/solution-attention.py" 2>/dev/null
