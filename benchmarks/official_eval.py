@@ -72,7 +72,7 @@ def main() -> None:
                     help="what the evaluator times the submission against (sglang: SGLang's kernels from the pinned "
                          "source; with --as-baseline the score is our baseline's speedup over SGLang's)")
     args = ap.parse_args()
-    rows, walls = [], {}
+    rows, walls, scores = [], {}, {}  # scores: each problem's score (interval included), status and flags
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp).chmod(0o755)  # the sandbox user reads the submission
@@ -121,6 +121,7 @@ def main() -> None:
                              "block_overhead_us": p.get("block_overhead_us"), "wall_unexplained": p.get("wall_unexplained")})
                 print(row_line(mine[-1]), flush=True)
             rows += mine
+            scores[name] = {"score": doc["score"], "status": doc["status"], "flags": [f["code"] for f in doc["flags"]]}
             print(f"{name}: {doc['status']} in {walls[name]:.1f} s; flags {[f['code'] for f in doc['flags']] or 'none'}; "
                   f"score {doc['score']}", flush=True)
             print(f"{name}: where the time went: checks {phases(doc['correctness'])}; timing {phases(doc['performance'])}",
@@ -132,7 +133,7 @@ def main() -> None:
                           f"{o['baseline_alone'] / 1e3:.2f} alone; submission {o['submission'] / 1e3:.2f}, allowed "
                           f"{o['allowed'] / 1e3:.2f}; unexplained {p['wall_unexplained']:.2%}", flush=True)
             if args.json:
-                args.json.write_text(json.dumps({"rows": rows, "wall_s": walls}, indent=2))
+                args.json.write_text(json.dumps({"rows": rows, "wall_s": walls, "scores": scores}, indent=2))
     print("\n" + HEADER)
     for r in rows:
         print(row_line(r))
