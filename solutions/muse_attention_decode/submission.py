@@ -15,8 +15,10 @@ other. Here:
 H100 it was slower at every CHUNK, its merge walking the splits in dependent steps, and one of its two
 official evaluations came out incorrect, so the merge is a kernel of its own: no cross-program protocol.)
 CHUNK, the tokens per step (BLOCK_N), warps and stages per batch size are data (CONFIGS), and so are the merge's
-columns a program (MERGE_BD, default D: one program a head) and warps (merge_warps, default 8), searched on the GPU
-under the evaluator's timing (`python benchmarks/tune_solutions.py muse_attention_decode --write`).
+columns a program (MERGE_BD, default D: one program a head) and warps (merge_warps, default 8), and PDL: the merge
+launched with Hopper's programmatic dependent launch while the splits run (it waits on the device for their end
+before it reads; the splits' kernel, the call's first, is always a plain launch), searched on the GPU under the
+evaluator's timing (`python benchmarks/tune_solutions.py muse_attention_decode --write`).
 
 On a CPU (Triton's interpreter, where a bf16 tl.dot is wrong and a float32 -> bf16 cast truncates) the dots
 run in float32 and the output is written in float32 and rounded by torch.

@@ -41,6 +41,11 @@ weights read as 32-bit words, nibble J of a word shifted to bits 16-19 and or'ed
 weight in gate/up's K loop and 4.9 in down's (at 4 rows a thread) against the bytes' 6.8-9.5 (SASS,
 benchmarks/static_kernels.py): at M1 the GEMV is bound by the SMs' issue rate, not by the memory.
 
+Launches (PATH "tc"): SORT 0 skips _route where sorting groups nothing (M1: each expert has its one pair; block
+b is pair b, its expert read from the router's ids), and PDL launches _gate_up and _down with Hopper's
+programmatic dependent launch, each waiting on the device (gdc_wait) for the kernel before it to end before it
+reads anything; the call's first kernel is always a plain launch, so a call never overlaps the one before it.
+
 Every kernel takes a weight row's bytes as an argument (ROW), so the JIT sees its divisibility by 16 and
 loads 16 bytes a thread. On a CPU (Triton's interpreter: no PTX, a wrong bf16 dot) the dots run in float32
 and the bf16 roundings are done by hand.
