@@ -166,7 +166,12 @@ GPU_ONLY = [  # options that change nothing in the interpreter (Hopper's depende
 def test_the_gpu_only_options_are_right_on_the_full_model(problem_name, extra):
     """Every shape of the full model with the option forced over its tuned configuration, against the
     reference under the problem's tolerance, three calls in a row (tickets left at zero for the next)."""
+    import sys
+
     from pipeline.kernel.check import compare
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from tune_solutions import size_of
 
     mod = _load(problem_name)
     problem = load_problem(problem_name)
@@ -174,8 +179,7 @@ def test_the_gpu_only_options_are_right_on_the_full_model(problem_name, extra):
     for shape in problem.shapes("full", kinds=("workload", "test")):
         inputs = ref.make_inputs(shape, 11, "cuda")
         want = ref.reference(inputs)
-        size = shape["B"] if problem_name == "muse_attention_decode" else shape["M"]
-        cfg = {**mod.config_for(size), **extra}
+        cfg = {**mod.config_for(size_of(problem_name, shape)), **extra}
         for _ in range(3):
             got = mod.custom_kernel(inputs, cfg)
             verdict = compare(got, want, problem.tolerances["output"], expected_dtype=torch.bfloat16)
