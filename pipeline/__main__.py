@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import Any, Callable
 
 from pipeline import cli
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def _parse(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     only = argv[0] if argv and argv[0] in cli.NAMES else None  # a command imports its own stage alone
@@ -17,12 +18,35 @@ def main(argv: list[str] | None = None) -> int:
         sub = verbs.add_parser(name, help=run.__doc__.strip().splitlines()[0], description=run.__doc__)
         register(sub)
         sub.set_defaults(_run=run)
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
+    return parser, parser.parse_args(argv)
+
+
+def _dispatch(argv: list[str] | None) -> tuple[int, Callable[[Any], int] | None]:
+    parser, args = _parse(sys.argv[1:] if argv is None else list(argv))
+    run = getattr(args, "_run", None)
+    if not run:
         parser.print_help()
-        return 2
-    return args._run(args)
+        return 2, None
+    return run(args), run
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one verb and return its exit code (tests, and any caller in a process of its own)."""
+    return _dispatch(argv)[0]
+
+
+def entry() -> None:
+    """The process's entry point (`python -m pipeline`, the `pipeline` script): run the verb it was started
+    for and end with its exit code. A verb marked `quick_exit` (the board verbs) ends the process at once,
+    its output flushed, without freeing what it read; no verb ever ends a process itself, so a verb that
+    calls another (`publish` runs `board`) always gets control back."""
+    code, run = _dispatch(None)
+    if getattr(run, "quick_exit", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -11,8 +11,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import sys
-from functools import wraps
 from pathlib import Path
 from typing import Any, Callable
 
@@ -189,26 +187,18 @@ def prizes(args: argparse.Namespace) -> int:
     return OK
 
 
-def exit_without_teardown(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Run as `python -m pipeline`, a board verb ends its process as soon as it returns: every file it
-    wrote is closed, stdout and stderr are flushed, and the exit code is its own. Freeing the entries of
-    a competition-sized ledger one by one, then the interpreter, took longer than a tenth of the command.
-    Called in-process (tests, another verb), it returns as any function does."""
-
-    @wraps(run)
-    def wrapper(args: argparse.Namespace) -> int:
-        code = run(args)
-        if getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) == "pipeline.__main__":
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        return code
-
-    return wrapper
+def quick_exit(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Mark a board verb as one whose process may end as soon as it returns, without freeing what it read:
+    freeing the entries of a competition-sized ledger one by one, then the interpreter, took longer than a
+    tenth of the command. Only `python -m pipeline` acts on the mark (pipeline/__main__.py), and only for
+    the verb it was started for: a verb called by another verb (`publish` runs `board` and `snapshots` in
+    its process, then commits and pushes) returns as any function does."""
+    run.quick_exit = True  # type: ignore[attr-defined]
+    return run
 
 
 VERBS = {
-    "board": (_board_args, exit_without_teardown(without_gc(board))),
-    "prizes": (_prizes_args, exit_without_teardown(without_gc(prizes))),
-    "snapshots": (_snapshots_args, exit_without_teardown(without_gc(snapshots))),
+    "board": (_board_args, quick_exit(without_gc(board))),
+    "prizes": (_prizes_args, quick_exit(without_gc(prizes))),
+    "snapshots": (_snapshots_args, quick_exit(without_gc(snapshots))),
 }
