@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from fresh_copy import fresh_copy
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 RUNNERS = {"python", "python3", "bash"}
@@ -166,15 +168,7 @@ def test_a_command_nobody_runs_fails():
 
 @pytest.fixture(scope="module")
 def copy(tmp_path_factory) -> Path:
-    """The repository's tracked files as they are in the working tree, in a folder of their own (no .git)."""
-    dest = tmp_path_factory.mktemp("readme") / "repo"
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in listed.decode().split("\0"):
-        src = ROOT / name
-        if name and src.is_file() and not src.is_symlink():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
-    return dest
+    return fresh_copy(tmp_path_factory.mktemp("readme") / "repo")
 
 
 @pytest.mark.parametrize("command", RUN)

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,8 +136,10 @@ def scenario() -> list[PR]:
 # ---- output ----
 
 def prepare_out(out: Path) -> Path:
-    """The output folder, made ready: new, empty, or an earlier demo's (whose files are replaced)."""
-    out = Path(out)
+    """The output folder, made ready: new, empty, or an earlier demo's (whose files are replaced). Returned
+    absolute: the verbs run as processes in the temporary repository, where a relative path means another
+    place."""
+    out = Path(out).absolute()
     if out.exists() and not out.is_dir():
         raise OutError(f"--out {out}: this is a file, not a folder; pass a folder to write the demo's outputs into "
                        "(a new one, an empty one, or an earlier demo's)")
@@ -203,9 +206,16 @@ class Progress:
 
 # ---- the machinery: git and the verbs, as processes ----
 
+class Stopped(StepFailed):
+    """The demo is stopping (a step failed elsewhere, or Ctrl-C): no new process is started."""
+
+
 class Shell:
     def __init__(self, repo: Path, work: Path, progress: Progress) -> None:
         self.repo, self.work, self.progress = repo, work, progress
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._stopping = False
         # the demo's own keys, dataset and seeds: a runner's settings in the environment must not reach its verbs
         # (the caches stay: the pinned tree, the tokenizer, the corpus)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k not in RUNNER_ENV}
@@ -213,12 +223,48 @@ class Shell:
                         PYTHONPATH=os.pathsep.join([str(HARNESS)] + ([os.environ["PYTHONPATH"]]
                                                                       if os.environ.get("PYTHONPATH") else [])))
 
+    def process(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float | None = None,
+                text: bool = True) -> subprocess.CompletedProcess:
+        """Run `argv` to its end, as one of the demo's processes: `stop` ends it if the demo stops first."""
+        with self._lock:
+            if self._stopping:
+                raise Stopped("the demo is stopping")
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text)
+            self._running.add(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        if self._stopping:
+            raise Stopped("the demo is stopping")
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+    def stop(self) -> None:
+        """Start no more processes, and end those running: SIGTERM (an evaluation then ends its workers),
+        SIGKILL after 10 s. Returns when none is left."""
+        with self._lock:
+            self._stopping = True
+            procs = list(self._running)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def git(self, *args: str, at: str | None = None, cwd: Path | None = None, who: str = "demo") -> str:
         env = dict(self.env)
         if at:
             env.update(GIT_AUTHOR_DATE=at, GIT_COMMITTER_DATE=at)
         ident = ["-c", f"user.name={who}", "-c", f"user.email={who}@users.noreply.example"]
-        done = subprocess.run(["git", *ident, *args], cwd=cwd or self.repo, env=env, capture_output=True, text=True)
+        done = self.process(["git", *ident, *args], cwd=cwd or self.repo, env=env)
         if done.returncode != 0:
             raise StepFailed(f"git {' '.join(args)}: {done.stderr.strip()[-2000:]}")
         return done.stdout
@@ -226,7 +272,7 @@ class Shell:
     def verb(self, *args: str, ok: tuple[int, ...] = (0,), timeout: float = 300) -> subprocess.CompletedProcess:
         argv = [sys.executable, "-m", "pipeline", *args]
         try:
-            done = subprocess.run(argv, cwd=self.work, env=self.env, capture_output=True, text=True, timeout=timeout)
+            done = self.process(argv, cwd=self.work, env=self.env, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise StepFailed(f"python -m pipeline {' '.join(args[:2])} ran past {timeout:.0f} s") from None
         self.progress.command(["python", "-m", "pipeline", *args], done)
@@ -251,9 +297,17 @@ def run(out: Path) -> int:
         sh = Shell(repo, work, progress)
         try:
             _competition(sh, prs, out)
-        except StepFailed as exc:
+        except (StepFailed, OSError) as exc:  # OSError: an output that cannot be written
             print(f"\nthe demo stopped: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+            sh.stop()
+            print(f"\ninterrupted after {progress.done} of {progress.total} steps: every process of the demo "
+                  f"ended and its temporary repository removed; {out / 'steps.txt'} says what ran", file=sys.stderr)
+            return 130
+        finally:
+            sh.stop()  # whatever happened, nothing of the demo outlives it, and nothing writes into `tmp` now
     elapsed = time.monotonic() - t0
     summary = json.loads((out / "summary.json").read_text())
     summary["seconds"] = round(elapsed, 1)
@@ -315,24 +369,29 @@ def _competition(sh: Shell, prs: list[PR], out: Path) -> None:
         _sign_and_comment(sh, p, key, out)
         step(_evaluated(p))
 
-    for p in prs:
-        _open(sh, p, tree)
-        refused = [v["rule"] for v in p.verdict.get("violations", [])]
-        notes = p.verdict.get("notices", [])
-        if refused:
-            first = p.verdict["violations"][0]
-            step(f"validate #{p.number} @{p.login} ({p.what}): REFUSED [{', '.join(refused)}] {first['path']}: "
-                 f"{first['message'][:140]}")
-            _write_comment(p, out)
-        else:
-            step(f"validate #{p.number} @{p.login} ({p.what}): valid"
-                 + (f"; note: {notes[0][:120]}" if notes else ""))
-            if not p.timed:
-                futures.append(queues["serving" if p.serving else "untimed"].submit(bench, p))
-    for f in futures:
-        f.result()  # a step that failed raises here
-    for q in queues.values():
-        q.shutdown()
+    try:
+        for p in prs:
+            _open(sh, p, tree)
+            refused = [v["rule"] for v in p.verdict.get("violations", [])]
+            notes = p.verdict.get("notices", [])
+            if refused:
+                first = p.verdict["violations"][0]
+                step(f"validate #{p.number} @{p.login} ({p.what}): REFUSED [{', '.join(refused)}] {first['path']}: "
+                     f"{first['message'][:140]}")
+                _write_comment(p, out)
+            else:
+                step(f"validate #{p.number} @{p.login} ({p.what}): valid"
+                     + (f"; note: {notes[0][:120]}" if notes else ""))
+                if not p.timed:
+                    futures.append(queues["serving" if p.serving else "untimed"].submit(bench, p))
+        for f in futures:
+            f.result()  # a step that failed raises here
+    except BaseException:
+        sh.stop()  # the steps still queued or running end now; the workers are joined before anything is removed
+        raise
+    finally:
+        for q in queues.values():
+            q.shutdown(wait=True, cancel_futures=True)
     # the timed kernels one at a time, alone: two timed evaluations on two cores disturb each other's timing
     for p in prs:
         if p.timed and not p.verdict.get("violations"):
@@ -505,8 +564,10 @@ def _evaluate(sh: Shell, p: PR, pin: Path, dataset: Path) -> None:
     scratch = sh.work / f"pr-{p.number}-scratch"
     target = scratch / p.submission
     target.parent.mkdir(parents=True)
-    target.write_bytes(subprocess.run(["git", "cat-file", "blob", f"{p.head}:{p.submission}"], cwd=sh.repo,
-                                      env=sh.env, capture_output=True, check=True).stdout)
+    blob = sh.process(["git", "cat-file", "blob", f"{p.head}:{p.submission}"], cwd=sh.repo, env=sh.env, text=False)
+    if blob.returncode != 0:
+        raise StepFailed(f"git cat-file {p.head}:{p.submission}: {blob.stderr.decode(errors='replace').strip()}")
+    target.write_bytes(blob.stdout)
     meta = _meta(sh, p)
     result = sh.work / f"pr-{p.number}-result.json"
     t0 = time.monotonic()
