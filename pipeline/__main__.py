@@ -40,7 +40,12 @@ def entry() -> None:
     for and end with its exit code. A verb marked `quick_exit` (the board verbs) ends the process at once,
     its output flushed, without freeing what it read; no verb ever ends a process itself, so a verb that
     calls another (`publish` runs `board`) always gets control back."""
-    code, run = _dispatch(None)
+    try:
+        code, run = _dispatch(None)
+    except KeyboardInterrupt:  # Ctrl-C: the verb's clean-up ran on the way out; one line, not a traceback
+        verb = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        print(f"\ninterrupted: python -m pipeline {verb} stopped before it finished", file=sys.stderr)
+        sys.exit(130)
     if getattr(run, "quick_exit", False):
         sys.stdout.flush()
         sys.stderr.flush()

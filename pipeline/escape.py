@@ -39,7 +39,10 @@ _HIDDEN_CATEGORIES = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
 # a `[`, so `(`, `)` and `!` stay as they are), a table cell, strikethrough, a heading's closing `#`s.
 # `_` makes no emphasis between two letters or digits (snake_case stays readable); elsewhere it is escaped.
 _MD_SPECIAL = re.compile(r"([\\`*\[\]|~#]|(?<![^\W_])_|_(?![^\W_]))")
-_AFTER = re.compile(r"([@:#])")  # mentions and emails, URL schemes and emoji, issue references
+# mentions and emails, issue references; a colon only where GitHub could make something of it: a URL's
+# scheme (`://`, `mailto:`, `xmpp:`) or an emoji's `:name:` (GitHub has no emoji named by digits alone but
+# :100: and :1234:), so a time (03:48:16) or a `file.py:name` reads and copies as itself
+_AFTER = re.compile(r"([@#]|:(?=//)|(?i:(?<=mailto)|(?<=xmpp)):|:(?=(?![0-9]+:)[a-z0-9_+-]+:|(?:100|1234):))")
 _LINE_START = re.compile(r"^([-+=](?=[\s=+-]|$)|\d{1,9}[.)](?=\s|$))")
 _GH_REF = re.compile(r"(?i)(gh)(?=-)")  # GH-12 is an issue reference too
 _WWW = re.compile(r"(?i)w(?=ww)")
@@ -80,9 +83,14 @@ def _cut(s: str, limit: int | None) -> str:
 
 # ---- GitHub markdown ----
 
-def md_inline(text: Any, limit: int | None = 500) -> str:
+# a colon that a colon right after the text would close into an emoji's `:name:`
+_OPEN_AT_END = re.compile(r":(?=(?:(?![0-9]+\Z)[a-z0-9_+-]+|100|1234)\Z)")
+
+
+def md_inline(text: Any, limit: int | None = 500, *, before_colon: bool = False) -> str:
     """Untrusted text as inert inline markdown on one line (a paragraph, a list item, a table cell), cut
-    to `limit` characters before escaping. Whitespace runs (newlines too) become one space."""
+    to `limit` characters before escaping. Whitespace runs (newlines too) become one space. `before_colon`:
+    the caller writes a colon right after it (`### {x}: PASSED`), which could close an emoji."""
     s = re.sub(r"[ \t\r\n]+", " ", str(text)).strip()
     s = visible(s)
     if _PLAIN_NUMBER.fullmatch(s) and not _LINE_START.match(s):  # "1." alone would open a list
@@ -94,6 +102,8 @@ def md_inline(text: Any, limit: int | None = 500) -> str:
     s = _LINE_START.sub(lambda m: m.group(1)[:-1] + "\\" + m.group(1)[-1], s, count=1)
     s = _GH_REF.sub(r"\1" + ZWSP, s)
     s = _AFTER.sub(r"\1" + ZWSP, s)
+    if before_colon:
+        s = _OPEN_AT_END.sub(":" + ZWSP, s)
     s = _WWW.sub("w" + ZWSP, s)
     return s.replace("$", DOLLAR)
 
@@ -101,7 +111,7 @@ def md_inline(text: Any, limit: int | None = 500) -> str:
 def md_heading(text: Any, limit: int | None = 200) -> str:
     """Untrusted text inside a heading we open (`### {md_heading(x)}: ...`): a heading's text is inline
     text, so the inline rule, shorter."""
-    return md_inline(text, limit)
+    return md_inline(text, limit, before_colon=True)
 
 
 def md_code_block(text: Any, lang: str = "text", limit: int | None = None) -> str:

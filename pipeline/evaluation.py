@@ -16,6 +16,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +42,64 @@ def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
 class Progress:
     """The evaluation's stages as they finish, on stderr. On a terminal: one bar, redrawn in place, with
     the stage just finished; anywhere else (a pipe, a job's log) no bar, one line per stage as before,
-    so a log reads in order and a program reading stderr sees no carriage returns."""
+    so a log reads in order and a program reading stderr sees no carriage returns. A stage that runs
+    longer than HEARTBEAT_S since the last line says so (`begin` names it), then again at each interval, so a
+    slow phase (the Triton interpreter on a big shape, a long compile) never looks like a hang."""
 
     WIDTH = BAR_WIDTH
+    HEARTBEAT_S = 15.0  # $PIPELINE_HEARTBEAT_S
 
-
-    def __init__(self, total: int, stream: Any = None) -> None:
+    def __init__(self, total: int, stream: Any = None, heartbeat_s: float | None = None) -> None:
+        if heartbeat_s is None:
+            heartbeat_s = float(os.environ.get("PIPELINE_HEARTBEAT_S") or self.HEARTBEAT_S)
         self.stream = stream if stream is not None else sys.stderr
         self.total = max(1, total)
         self.done = 0
+        self.t0 = time.monotonic()
+        self.heartbeat_s = heartbeat_s
+        self._phase: tuple[str, float] | None = None
+        self._last = self.t0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._begun = False
         try:
             self.tty = self.stream.isatty()
         except (AttributeError, ValueError):
             self.tty = False
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def begin(self, what: str) -> None:
+        """The evaluation starts `what` ("checking M32"): named by the heartbeat if it runs long."""
+        with self._lock:
+            self._phase = (what, time.monotonic())
+            if not self._begun:  # the evaluation's clock starts with its first stage: the lines agree
+                self._begun = True
+                self.t0 = self._last = self._phase[1]
+            if self._beat is None and self.heartbeat_s > 0:
+                self._beat = threading.Thread(target=self._heartbeat, name="progress-heartbeat", daemon=True)
+                self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(1.0, self.heartbeat_s)):
+            with self._lock:
+                now = time.monotonic()
+                if self._phase is None or now - self._last < self.heartbeat_s:
+                    continue
+                what, since = self._phase
+                self._last = now
+                self._emit(f"{now - self.t0:6.1f} s  still {what} ({now - since:.0f} s so far)", advance=False)
+
     def __call__(self, line: str) -> None:
-        self.done = min(self.done + 1, self.total)
+        with self._lock:
+            self._last = time.monotonic()
+            self._emit(line, advance=True)
+
+    def _emit(self, line: str, advance: bool) -> None:
+        if advance:
+            self.done = min(self.done + 1, self.total)
         if not self.tty:
             print(f"[evaluate] {line}", file=self.stream, flush=True)
             return
@@ -68,11 +112,14 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
-        """End the bar's line, so what is printed next starts on a line of its own."""
-        if self.tty and self.done:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.done = 0
+        """Stop the heartbeat; end the bar's line, so what is printed next starts on a line of its own."""
+        self._stop.set()
+        with self._lock:
+            self._phase = None
+            if self.tty and self.done:
+                self.stream.write("\n")
+                self.stream.flush()
+                self.done = 0
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
@@ -84,6 +131,9 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, help="seeds per shape (default: 8 on a GPU, 3 on a CPU)")
     p.add_argument("--shape", action="append", help="check only this shape (repeatable)")
     p.add_argument("--no-timing", action="store_true", help="check correctness only")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="end the whole evaluation after this long, with status timeout (default: competition.toml's "
+                        "[limits.wall_clock] total; a local run only, refused with --official)")
     p.add_argument("--meta", type=Path, metavar="JSON",
                    help="the submission's facts written by fetch-submission (pr, head_sha, login, path, blob_sha); "
                         "recorded in the result after the file's blob SHA is checked against them")
@@ -153,6 +203,18 @@ def evaluate(args: argparse.Namespace) -> int:
 
     if args.official and args.grant_read:
         return _usage("--grant-read cannot be used with --official: the submission's process sees its own file only")
+    if args.timeout is not None and (args.official or not args.timeout > 0):
+        return _usage("--timeout is for local runs and must be a positive number of seconds; an official evaluation "
+                      "keeps competition.toml's limits" if args.official else
+                      f"--timeout {args.timeout:g}: give a positive number of seconds")
+    if args.json is not None:  # checked now, not after minutes of evaluation
+        folder = args.json.parent if str(args.json.parent) else Path(".")
+        if args.json.is_dir():
+            return _usage(f"--json {args.json}: this is a folder; pass the path of the file to write, "
+                          f"e.g. {args.json / 'result.json'}")
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            return _usage(f"--json {args.json}: the folder {folder} does not exist or cannot be written; create it or "
+                          "pass another path")
     from pipeline.competition import REPO_ROOT
 
     board_root = REPO_ROOT
@@ -170,7 +232,14 @@ def evaluate(args: argparse.Namespace) -> int:
     # each workload timed and the baseline timed alone (a failure ends it sooner: the bar just stops)
     stages = 1 + len(shapes) + ((sum(s.kind == "workload" for s in shapes) + 1) if not args.no_timing else 0)
     progress = Progress(stages)
+    from pipeline.kernel.evaluate import Limits
+
+    limits = Limits()
+    if args.timeout is not None:
+        limits.total, limits.source = args.timeout, "--timeout"
     options = Options(
+        limits=limits,
+        phase=progress.begin,
         device=args.device,
         model=args.model,
         seeds=args.seeds,
@@ -211,6 +280,11 @@ def evaluate(args: argparse.Namespace) -> int:
         progress.close()
         print(f"error: the evaluation could not be completed, and no result was written: {exc}", file=sys.stderr)
         return HARNESS_ERROR
+    except KeyboardInterrupt:  # the evaluation's own clean-up (its workers ended) ran on the way here
+        progress.close()
+        print(f"interrupted after {progress.elapsed():.0f} s: the submission's processes were ended and no result "
+              "was written", file=sys.stderr)
+        return 130
     progress.close()
     if args.comment:  # exactly what post-result posts for this document (no log link: there is no run)
         print(report.terminal(doc), file=sys.stderr)

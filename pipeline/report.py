@@ -75,6 +75,28 @@ def correctness_rows(doc: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def first_failure(doc: dict[str, Any]) -> str | None:
+    """The first failing shape's worst element, where the check recorded one: which output, where, what the
+    submission wrote and what the reference holds (an index a competitor can look up in their own run)."""
+    for entry in doc.get("correctness") or []:
+        if entry.get("passed", True):
+            continue
+        for name, v in (entry.get("outputs") or {}).items():
+            w = v.get("worst")
+            if v.get("passed", True) or not isinstance(w, dict):
+                continue
+            try:
+                got, want = float(w["got"]), float(w["expected"])
+                index = ", ".join(str(int(i)) for i in w["index"])
+            except (KeyError, TypeError, ValueError):
+                return None
+            return (f"First failing shape {entry['shape']} (seed index {entry.get('failed_seed_index')}), output {name}: "
+                    f"its worst element, at [{index}], is {got:.6g} where the reference has {want:.6g} "
+                    f"(off by {abs(got - want):.3g})")
+        return None
+    return None
+
+
 CORRECTNESS_HEADERS = ["shape", "kind", "check", "seeds", "max abs", "max rel", "rel-L2", "matched", "why"]
 PERFORMANCE_HEADERS = ["workload", "median us", "95% interval us", "baseline us", "speedup", "floor us", "n"]
 MARKER = "<!-- muse-pipeline:sticky-result -->"
@@ -116,6 +138,9 @@ def timing_note(doc: dict[str, Any]) -> str | None:
     if doc.get("track") == "serving":
         return ("These numbers are UNOFFICIAL: not the official plan on the serving node (its dataset, levels, "
                 "windows and runs); only that run's numbers count.")
+    if mode["device"] == "cpu" and "Triton interpreter" in mode["timing"]:
+        return ("These timings are the Triton interpreter's, on a CPU: Python emulating the kernel, which says nothing "
+                "of its speed on a GPU, so no score and no rank are given. Only the H200 runner's numbers count.")
     if mode["device"] == "cpu":
         return "These timings are UNOFFICIAL: wall-clock on a CPU with the smoke model; only the H200 runner's numbers count."
     if mode["timing"] != "cuda-graph":
@@ -147,6 +172,9 @@ def terminal(doc: dict[str, Any]) -> str:
     ]
     if doc["correctness"]:
         lines.append(_term_table(correctness_rows(doc), CORRECTNESS_HEADERS))
+        failure = first_failure(doc)
+        if failure:
+            lines.append(t(failure))
         lines.append("")
     if doc.get("serving"):
         lines += serving_terminal(doc)
@@ -258,6 +286,9 @@ def comment_markdown(doc: dict[str, Any], *, rank: str | None = None, log_url: s
         f"baseline: {md_inline(doc['baseline'])}.",
         "",
     ]
+    failure = first_failure(doc)
+    if failure:
+        head += [md_inline(failure, 600), ""]
     perf: list[str] = []
     if doc.get("serving"):
         perf = serving_markdown(doc, rank=rank, plot_url=plot_url, log_url=log_url, plot_artifact_url=plot_artifact_url)
@@ -277,7 +308,8 @@ def comment_markdown(doc: dict[str, Any], *, rank: str | None = None, log_url: s
         message = str(err["message"])
         if len(message) > MAX_ERROR_MESSAGE:
             message = message[:MAX_ERROR_MESSAGE] + f"\n... ({len(message) - MAX_ERROR_MESSAGE:,} more characters in the result)"
-        err_head = [f"**First error**{' in shape ' + md_inline(err['shape']) if err.get('shape') else ''}:", "",
+        in_shape = f" in shape {md_inline(err['shape'], before_colon=True)}" if err.get("shape") else ""
+        err_head = [f"**First error**{in_shape}:", "",
                     md_code_block(message)]
         if where.get("line"):
             err_head.append(f"at {md_inline(where.get('file'), 100)} line {_int(where['line'])}")
@@ -333,10 +365,12 @@ def comment_markdown(doc: dict[str, Any], *, rank: str | None = None, log_url: s
         return (MARKER + "\n" + f"### {md_heading(doc['problem'])}: {VERDICT[doc['status']]}\n\n_{note}_\n")[:limit]
     # the failing shape rows first, then the flags, then the tails of the logs, then the passing rows
     failing = [i for i, r in enumerate(rows) if r[2] != "ok"]
-    # a row's line in the whole table (padded to the widest cell of all rows) bounds its cost in any subset
-    row_cost = [size(x) + 1 for x in _table_lines(CORRECTNESS_HEADERS, rows)[2:]] if rows else []
+    # a row's line in the whole table (padded to the widest cell of all rows) bounds its cost in any subset,
+    # and the whole table's header and separator lines bound theirs
+    whole = _table_lines(CORRECTNESS_HEADERS, rows) if rows else []
+    row_cost = [size(x) + 1 for x in whole[2:]]
     kept: list[int] = []
-    used = _lines_size(correctness([], len(rows))) if rows else 0
+    used = _lines_size(correctness([], len(rows))) + _lines_size(whole[:2]) if rows else 0
     for i in failing[:FAILING_ROWS_FIRST]:
         cost = row_cost[i]
         if used + cost > budget:
@@ -551,7 +585,8 @@ def serving_markdown(doc: dict[str, Any], *, rank: str | None = None, plot_url: 
     if gate:
         # gate_lines is made of our own words and of numbers through _num alone; the reasons are the server's
         out += [f"**{gate[0][0].upper()}{gate[0][1:]}**", ""] + [f"- {x}" for x in gate[1:]]
-        out += [f"  - {md_escape(where)}: {md_escape(why, 300)}" for where, why in _level_reasons(doc)] + [""]
+        out += [f"  - {md_escape(where, before_colon=True)}: {md_escape(why, 300)}"
+                for where, why in _level_reasons(doc)] + [""]
     drawn = text_plot(doc)
     if drawn:
         out += ["Throughput per GPU against interactivity (B: baseline, C: candidate; the number is c):", "",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-NOISE_CODES = frozenset({"baseline_accounting", "baseline_interference", "timing_not_converged"})
+NOISE_CODES = frozenset({"baseline_accounting", "baseline_interference", "timing_not_converged", "timing_noise"})
 ATTEMPTS = 3
 
 

@@ -27,7 +27,8 @@ PIECES = ["@octocat", "@", "#12", "#", "GH-7", "gh-7", "$", "$$", "$x$", "$`y`$"
           "\\|", "`", "```", "~~", "~", "*", "**", "_", "__", ":", ":tada:", "-", "+", "=", "===", "---", "1.",
           "1)", "#", "###", ">", " ", "  ", "    ", "\t", "\n", "\r", "\r\n", "\x1b[31m", "\x1b]8;;http://x\x07",
           "\x08", "\x00", "\x7f", "\x9b", "\u202e", "\u200b", "\u2028", "\ufeff", "::error::", "##[group]", "a", "Z",
-          "0", "9", "é", "中", "\U0001f600", "x_y", "snake_case", "2026-10-22"]
+          "0", "9", "é", "中", "\U0001f600", "x_y", "snake_case", "2026-10-22", "03:48:16", ":100:", ":1234:", ":+1:",
+          "xmpp:", "MailTo:", "ftp://", "py:name"]
 TEXT = st.one_of(st.lists(st.sampled_from(PIECES), max_size=12).map("".join), st.text(max_size=40),
                  st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=3)), max_size=10).map("".join))
 
@@ -50,7 +51,8 @@ GITHUB_TEXT = {
     "GH- reference": re.compile(r"(?i)gh-[0-9]"),
     "www. link": re.compile(r"(?i)www\."),
     "URL": re.compile(r"(?i)(?:https?|ftp)://|(?:mailto|xmpp):[A-Za-z0-9._+-]"),
-    "emoji": re.compile(r":[a-z0-9_+-]+:"),
+    # GitHub's emoji names: none is digits alone but 100 and 1234 (so a time, 03:48:16, is no emoji)
+    "emoji": re.compile(r":(?:(?![0-9]+:)[a-z0-9_+-]+|100|1234):"),
 }
 ALLOWED_HTML = {"<span>", "</span>"}
 # an address GitHub links (the GFM spec's extended email autolink): these characters only, a dot in the domain
@@ -237,3 +239,11 @@ def test_the_terminal_shows_a_forged_verdict_for_what_it_is():
 def test_a_code_blocks_language_is_ours(lang):
     with pytest.raises(ValueError):
         escape.md_code_block("x", lang)
+
+
+@pytest.mark.parametrize("text", ["2026-12-07T03:48:16.399Z", "reference/muse_bf16_proj.py:baseline",
+                                  "submissions/kernel/muse_bf16_proj/bob/submission.py", "12:00 UTC"])
+def test_a_path_or_a_time_reads_and_copies_as_itself(text):
+    """What a reader copies out of a comment (a path, a time, a `file.py:name`) holds no invisible character:
+    only what GitHub could turn into something live gets its zero-width space."""
+    assert escape.md_inline(text) == text and live(escape.md_inline(text)) == []

@@ -7,6 +7,9 @@ the right status, point at the submission's own line where there is one, and nev
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -343,3 +346,113 @@ def test_a_failing_baseline_is_never_the_submissions_verdict(body, said):
     with pytest.raises(BaselineFailure, match=said) as caught:
         evaluate(ROOT / "problems/muse_bf16_proj/template.py", problem, opts)
     assert "not the submission's result" in str(caught.value)
+
+
+# ---- a competitor's local run, as a process: load, failures, long phases, limits, Ctrl-C ----
+
+def _spinners(n: int) -> list[subprocess.Popen]:
+    """Busy processes of this test's own, loading the machine's cores while an evaluation runs."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def test_a_correct_kernel_passes_on_a_loaded_cpu(tmp_path):
+    """Four busy processes on the machine's cores for the whole run: the honest template still passes, exit 0;
+    the noise is at most a timing_noise note with its figures (before: needs_review or runtime_error)."""
+    out = tmp_path / "r.json"
+    load = _spinners(4)
+    try:
+        done = cli(ROOT / "problems/muse_bf16_proj/template.py", "--problem", "muse_bf16_proj", "--seeds", "1",
+                   "--json", out)
+    finally:
+        for p in load:
+            p.kill()
+            p.wait()
+    doc = result.read(out)
+    assert done.returncode == 0 and doc["status"] == "passed", done.stdout[-3000:]
+    assert {f["code"] for f in doc["flags"]} <= {"timing_noise"}, doc["flags"]
+    for f in doc["flags"]:
+        assert re.search(r"\d+\.\d%", f["message"]) and "nothing is held" in f["message"], f["message"]
+
+
+def test_a_failure_shows_its_worst_element_in_the_terminal_and_the_comment(tmp_path):
+    sub = tmp_path / "off_by_one_column.py"
+    sub.write_text("import torch\n\n\ndef custom_kernel(inputs):\n    out = inputs['x'].float() @ inputs['w'].float().T\n"
+                   "    out[..., 5] += 1.0\n    return out.to(torch.bfloat16)\n")
+    term = cli(sub, "--problem", "muse_bf16_proj", "--seeds", "1", "--no-timing", "--shape", "M1")
+    assert term.returncode == 1
+    line = re.search(r"^First failing shape M1 \(seed index 0\), output output: its worst element, at \[(\d+), 5\], "
+                     r"is (\S+) where the reference has (\S+) \(off by (\S+)\)$", term.stdout, re.M)
+    assert line, term.stdout
+    assert abs(float(line.group(2)) - float(line.group(3)) - 1.0) < 0.02
+    comment = cli(sub, "--problem", "muse_bf16_proj", "--seeds", "1", "--no-timing", "--shape", "M1", "--comment")
+    assert "its worst element, at \\[" in comment.stdout and "where the reference has" in comment.stdout
+
+
+def test_a_long_phase_says_it_is_still_running(tmp_path):
+    sub = tmp_path / "slow.py"
+    sub.write_text("import time\n\n\ndef custom_kernel(inputs):\n    time.sleep(1.5)\n    return inputs['x'] @ inputs['w'].T\n")
+    done = subprocess.run([*CLI, sub, "--problem", "muse_bf16_proj", "--seeds", "2", "--no-timing", "--shape", "M1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "PIPELINE_HEARTBEAT_S": "1"})
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^\[evaluate\]\s+[\d.]+ s  still checking M1 \(the first call compiles and autotunes\) "
+                     r"\(\d+ s so far\)$", done.stderr, re.M), done.stderr
+
+
+def test_timeout_ends_a_local_run_with_a_timeout_verdict(tmp_path):
+    sub = tmp_path / "slow.py"
+    sub.write_text("import time\n\n\ndef custom_kernel(inputs):\n    time.sleep(30)\n    return inputs['x'] @ inputs['w'].T\n")
+    out = tmp_path / "r.json"
+    done = cli(sub, "--problem", "muse_bf16_proj", "--seeds", "1", "--timeout", "8", "--json", out)
+    doc = result.read(out)
+    assert done.returncode == 1 and doc["status"] == "timeout", done.stdout
+    assert "the evaluation's total of 8 s (--timeout)" in doc["error"]["message"]
+    refused = cli(sub, "--problem", "muse_bf16_proj", "--timeout", "8", "--official")
+    assert refused.returncode == 2 and "--timeout is for local runs" in refused.stderr
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda t: t / "missing" / "r.json", "does not exist or cannot be written"),
+    (lambda t: t, "this is a folder"),
+])
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, make, needle):
+    done = cli(ROOT / "problems/muse_bf16_proj/template.py", "--problem", "muse_bf16_proj", "--json", make(tmp_path))
+    assert done.returncode == 2 and needle in done.stderr, done.stderr
+    assert "[evaluate]" not in done.stderr, "it refused only after evaluating"
+
+
+def test_ctrl_c_prints_one_line_and_leaves_no_process(tmp_path):
+    proc = subprocess.Popen([*CLI, FIX / "infinite_loop.py", "--problem", "muse_bf16_proj", "--seeds", "1"],
+                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    assert "loaded muse_bf16_proj" in line, line
+    family = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted after "), err
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in family)
+
+
+def test_triton_interpreter_timings_are_labelled_and_carry_no_score_or_rank():
+    """On a CPU a Triton kernel runs in the interpreter: its times are shown as that, and no score (so no
+    would-be rank) comes of them; a plain torch submission's unofficial times still give one."""
+    from pipeline import report
+    from pipeline.kernel.evaluate import INTERPRETED, _score, imports_triton
+
+    triton_src = (ROOT / "tests/calibration/muse_bf16_proj/correct_triton_splitk.py").read_bytes()
+    assert imports_triton(triton_src) and imports_triton(b"from triton import language as tl\n")
+    assert not imports_triton((ROOT / "problems/muse_bf16_proj/template.py").read_bytes())
+    assert not imports_triton(b"tritonish = 1\nimport tritonlike\n") and not imports_triton(b"def (:\n")
+    doc = run(str(ROOT / "problems/muse_bf16_proj/template.py"), timing=True)
+    assert doc["score"] is not None
+    doc["mode"]["timing"], doc["score"] = INTERPRETED, None
+    _score(doc)
+    assert doc["score"] is None
+    comment = report.comment_markdown(doc, rank=None)
+    assert "Triton interpreter" in comment and "no score and no rank" in comment
+    assert "no score and no rank" in report.terminal(doc)
