@@ -31,7 +31,9 @@ download() {  # dir, requirements...: each at this machine's version, else (no c
   done
 }
 top=()
-for p in jsonschema jsonschema-specifications referencing rpds-py attrs cryptography cffi pycparser tabulate unidiff orjson; do
+# pytest-httpserver (the GitHub stand-in of tests/github_fake.py) and PyGithub with its needs: the workflow-step tests
+for p in jsonschema jsonschema-specifications referencing rpds-py attrs cryptography cffi pycparser tabulate unidiff orjson \
+         pytest-httpserver pygithub pynacl pyjwt deprecated; do
   top+=("$(pinned "$p")")
 done
 download .whl "${top[@]}"

@@ -12,11 +12,80 @@ if str(ROOT) not in sys.path:
 HAS_CUDA = torch.cuda.is_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", metavar="K/N", default=None,
+                     help="run only the K-th of N consecutive shares of the selected tests, of about equal time by "
+                          "tests/gpu_durations.json where it knows a test (one share a device call: "
+                          "benchmarks/gpu_tests.sh)")
+
+
+DURATIONS = ROOT / "tests" / "gpu_durations.json"
+
+# The test extras (pyproject.toml's [test]) a test module may import: where one is not installed, its modules
+# are skipped with what to install, never a collection error (a competitor may run the suite with less).
+OPTIONAL = {"hypothesis": "hypothesis", "yaml": "pyyaml", "markdown_it": "markdown-it-py",
+            "linkify_it": "linkify-it-py", "transformers": "transformers[serving]", "gguf": "gguf",
+            "pytest_httpserver": "pytest-httpserver", "werkzeug": "pytest-httpserver"}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and isinstance(collector, pytest.Module):
+        import re
+
+        missing = re.search(r"No module named '([\w.]+)'", str(report.longrepr))
+        top = missing.group(1).split(".")[0] if missing else None
+        if top in OPTIONAL:
+            report.outcome = "skipped"
+            report.longrepr = (str(collector.path), 0, f"Skipped: needs {OPTIONAL[top]}, a test extra: "
+                                                       "pip install -e '.[test]'")
+
+
+try:
+    import pytest_httpserver  # noqa: F401
+except ImportError:  # its fixture is missing too: the tests that ask for it skip
+    @pytest.fixture
+    def httpserver():
+        pytest.skip("needs pytest-httpserver, a test extra: pip install -e '.[test]'")
+
+
+def shard(items: list, k: int, n: int, seconds: dict[str, float]) -> list:
+    """The k-th (1-based) of n consecutive runs of `items`, cut where the running sum of their expected
+    seconds crosses k/n of the whole (a test nobody timed counts as the median of those timed, or 1 s).
+    Consecutive, so a module's fixtures are built in one share only, unless it is cut."""
+    known = sorted(seconds.values())
+    default = known[len(known) // 2] if known else 1.0
+    cost = [max(0.01, seconds.get(it.nodeid, default)) for it in items]
+    total = sum(cost)
+    out, run = [], 0.0
+    for it, c in zip(items, cost):
+        middle = run + c / 2  # a test belongs to the share its middle falls in
+        if (k - 1) * total / n <= middle < k * total / n or (k == n and middle >= total):
+            out.append(it)
+        run += c
+    return out
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the shares are of what runs
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+    spec = config.getoption("--shard")
+    if spec:
+        import json
+        import re
+
+        m = re.fullmatch(r"(\d+)/(\d+)", spec)
+        if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+            raise pytest.UsageError(f"--shard {spec}: give K/N with 1 <= K <= N, e.g. --shard 2/3")
+        seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+        kept = shard(items, int(m.group(1)), int(m.group(2)), seconds)
+        config.hook.pytest_deselected(items=[it for it in items if it not in kept])
+        items[:] = kept
 
 
 @pytest.fixture

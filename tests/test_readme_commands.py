@@ -37,6 +37,30 @@ RUN = [
     "python -m pipeline snapshots",
     "python -m pipeline prizes",
 ]
+
+
+def _snapshot_hours(copy: Path) -> int:
+    return len(list((copy / "results" / "snapshots").glob("*/*.json")))
+
+
+# What each RUN command must have done, beyond exiting 0: (its output, the copy it ran in) -> None or why not.
+EFFECTS = {
+    "python -m pipeline serving dataset check datasets/serving/public-sample.json.gz":
+        lambda out, copy: None if re.search(r"^ok: datasets/serving/public-sample\.json\.gz \(sha256 [0-9a-f]{64}\)$",
+                                            out, re.M) else "no `ok: <file> (sha256 ...)` line",
+    "python -m pipeline ledger verify":
+        lambda out, copy: None if re.search(r"^ok: \d+ records .* chain head [0-9a-f]{64}$", out, re.M)
+        else "no `ok: N records ... chain head` line",
+    "python -m pipeline board":
+        lambda out, copy: None if out.startswith("board from ") and subprocess.run(
+            [sys.executable, "-m", "pipeline", "board", "--check"], cwd=copy, capture_output=True).returncode == 0
+        else "leaderboard.md is not what the ledger gives afterwards (`board --check`)",
+    "python -m pipeline snapshots":
+        lambda out, copy: None if (m := re.search(r"^(\d+) snapshot hours up to", out, re.M)) and
+        int(m.group(1)) == _snapshot_hours(copy) > 0 else f"{_snapshot_hours(copy)} snapshot files for: {out[:200]}",
+    "python -m pipeline prizes":
+        lambda out, copy: None if "Awarded so far: $" in out and "Serving track" in out else "no prize table",
+}
 # Run by an existing test (too slow to run twice, or it needs a server, GitHub, a model or an input file).
 MAPPED = {
     # 150 s: the demo runs once, in test_demo.py's module fixture, which every test there checks
@@ -130,6 +154,10 @@ def _test_exists(node: str) -> str | None:
 README_COMMANDS = commands(README.read_text(encoding="utf-8"))
 
 
+def test_every_command_run_here_has_its_effect_checked():
+    assert set(EFFECTS) == set(RUN)
+
+
 def test_every_readme_command_is_run_by_a_test():
     missing = unaccounted(README.read_text(encoding="utf-8"))
     assert not missing, ("README.md commands that no test runs; add each to RUN (run here) or MAPPED (the test "
@@ -185,6 +213,8 @@ def test_the_readme_command_runs(command, copy):
     done = subprocess.run(argv, cwd=copy, env=env, capture_output=True, text=True, timeout=TIME_LIMIT_S)
     took = time.monotonic() - start
     assert done.returncode == 0, f"`{command}` exited {done.returncode} after {took:.1f} s:\n{(done.stdout + done.stderr)[-4000:]}"
+    why = EFFECTS[command](done.stdout, copy)
+    assert why is None, f"`{command}`: {why}\n{done.stdout[-2000:]}"
     if argv[1:3] == ["-m", "pipeline"]:
         probe = subprocess.run([sys.executable, "-c", "import pipeline; print(pipeline.__file__)"], cwd=copy,
                                env=env, capture_output=True, text=True, check=True)

@@ -1,0 +1,43 @@
+"""The test suite itself: what a competitor with fewer test extras sees, and the GPU suite's shares."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import shard
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_missing_test_extra_skips_its_tests_with_what_to_install(tmp_path):
+    """hypothesis, PyYAML, markdown-it-py and pytest-httpserver made unimportable (a module of that name that
+    raises as a missing one does): their modules and fixtures skip, saying what to install; nothing errors."""
+    for name in ("hypothesis", "yaml", "markdown_it", "pytest_httpserver"):
+        (tmp_path / f"{name}.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\", name='{name}')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p",
+         "no:pytest_httpserver", "tests/test_escape.py", "tests/test_workflows.py", "tests/test_github.py",
+         "tests/test_github_flow.py::test_find_result_reads_merged_at_and_the_bench_runs_over_http"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "error" not in done.stdout.splitlines()[-1], done.stdout[-2000:]
+    for needs in ("needs hypothesis", "need PyYAML", "needs pytest-httpserver"):
+        assert needs in done.stdout, done.stdout[-3000:]
+
+
+class Item:
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+
+
+def test_the_gpu_suites_shares_are_consecutive_cover_everything_once_and_balance_the_known_times():
+    items = [Item(f"t{i}") for i in range(10)]
+    times = {"t0": 300.0, "t1": 10, "t2": 10, "t3": 10, "t4": 100, "t5": 100, "t6": 10, "t7": 10}
+    shares = [shard(items, k, 3, times) for k in (1, 2, 3)]
+    assert [it for s in shares for it in s] == items, "every test once, in order"
+    cost = [sum(times.get(it.nodeid, 10) for it in s) for s in shares]
+    assert shares[0] == items[:1] and max(cost) <= 300, cost  # the 300 s test alone; the rest split
+    assert shard(items, 1, 1, {}) == items
