@@ -319,21 +319,16 @@ def test_a_fault_fails_alone_and_the_next_evaluation_is_unaffected(row, clean_cp
     assert verdict["healthy"], verdict["reasons"]
     honest, retried = honest_cpu_run()
     assert honest["status"] == "passed", message(honest)
+    # A fault's leftover is looked for where it would be (the health check above: no process of a sandbox's
+    # uid, no GPU memory held; _run_fault: none of the fault's uid). The honest run's median against the clean
+    # run's is a measurement, not a check: two workers share this machine's two cores with whatever else runs
+    # on it, and a median taken minutes apart strays by tens of percent (3.015x once, on a loaded machine).
+    # What one run measures of itself holds under any load: the template against the baseline, interleaved.
     ratio = m1_median(honest) / m1_median(clean_cpu)
-    # Two workers share this machine's two cores with whatever else runs on it: an honest median strays
-    # by tens of percent from one run to the next here, and by more while another job starts. Only a
-    # gross slowdown (a fault's leftover eating a core) is asserted, and a run outside it is measured once
-    # more: a leftover would slow both. The run-to-run band is the GPU rows' to hold.
-    first = None
-    if not 1 / 3 <= ratio <= 3:
-        first = ratio
-        honest, _ = honest_cpu_run()
-        assert honest["status"] == "passed", message(honest)
-        ratio = m1_median(honest) / m1_median(clean_cpu)
     MEASURED[row.name] = {"fault_s": fault_s, "recovery_s": recovery_s, "honest/clean": ratio,
-                          **({"retried": retried} if retried else {}), **({"first_ratio": first} if first else {})}
-    assert 1 / 3 <= ratio <= 3, (f"the honest run's median is {ratio:.2f}x the clean run's after {row.name} "
-                                 f"(and {first:.2f}x the time before)" if first else "")
+                          **({"retried": retried} if retried else {})}
+    speedup = honest["score"]["speedup"]
+    assert 1 / 3 <= speedup <= 3, f"after {row.name} the honest template scored {speedup:.2f}x against the baseline"
 
 
 @pytest.mark.gpu

@@ -507,7 +507,7 @@ def test_cpu_limit_kills_a_busy_loop(isolated):
         print("ran 30 s")
     """, policy=Policy(limits=Limits(cpu_seconds=1)), timeout=40)
     assert code in (-signal.SIGXCPU, -signal.SIGKILL), out
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 25  # its 1 s of CPU, not the 30 s loop
 
 
 def test_data_limit_on_cpu_only(isolated):

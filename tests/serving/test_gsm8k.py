@@ -174,7 +174,8 @@ def test_too_many_failures_stop_the_run_with_a_clear_error(server):
     started = time.monotonic()
     with pytest.raises(gsm8k.GSM8KError, match="request timeout of 0.5 s"):
         ask(server, questions=20, concurrency=4, timeout_s=0.5)
-    assert time.monotonic() - started < 0.5 + 2.0
+    assert time.monotonic() - started < 15  # not 20 questions waited out one by one
+    assert len(server.log()["requests"]) <= 3 + 1 + 4  # stopped at the fourth failure, the others in flight
     assert gsm8k.failures_allowed(1319) == 6 and gsm8k.failures_allowed(50) == 3
 
 

@@ -180,7 +180,7 @@ def test_a_server_that_exits_at_launch_is_reported_at_once(tmp_path, limits, sgl
     t0 = time.monotonic()
     with server, pytest.raises(launch.ServerDied, match="candidate server exited with exit code 3 during the launch") as got:
         server.wait_ready()
-    assert got.value.code == 3 and time.monotonic() - t0 < 10
+    assert got.value.code == 3 and time.monotonic() - t0 < 60  # at once, not the launch timeout (1,800 s)
     assert "exiting before it listens" in server.log_tail()
 
 
@@ -195,7 +195,7 @@ def test_a_server_never_ready_times_out_and_is_stopped(tmp_path, limits, sglang_
     t0 = time.monotonic()
     with server, pytest.raises(launch.PhaseTimeout, match=r"the launch .*GET /health.* took more than 1.5 s"):
         server.wait_ready()
-    assert 1.4 < time.monotonic() - t0 < 8
+    assert 1.4 < time.monotonic() - t0 < 60  # the shorter limit, not the other (60 s or 1,800 s)
     assert server.box.processes() == []
 
 
@@ -217,7 +217,7 @@ def test_client_calls_are_watched(tmp_path, limits, sglang_pin):
         t0 = time.monotonic()
         with pytest.raises(launch.PhaseTimeout, match="a hung request took more than 1 s"):
             server.call(chat, timeout_s=1, what="a hung request")
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 25  # its 1 s, not a hang
         # the server itself dies while a call waits on it: the call ends at once, saying so
         pid = [p for p in server.box.processes() if "scripted_server" in Path(f"/proc/{p}/cmdline").read_text()]
 
@@ -228,7 +228,7 @@ def test_client_calls_are_watched(tmp_path, limits, sglang_pin):
         t0 = time.monotonic()
         with pytest.raises(launch.ServerDied, match="candidate server exited with signal SIGKILL during a level"):
             server.call(kill_then_wait, timeout_s=30, what="a level")
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 25  # at the death, not at the call's 30 s
 
 
 def test_the_delay_knob_slows_every_chunk_of_a_uvicorn_app(tmp_path, limits, sglang_pin):

@@ -128,7 +128,7 @@ def test_a_replica_that_dies_takes_the_launch_down(tmp_path, limits):
         t0 = time.monotonic()
         with pytest.raises(launch.ServerDied, match="candidate server exited"):
             server.call(two_chats, timeout_s=30, what="a level")
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 25  # at the death, not at the call's 30 s
     assert server.box.processes() == []
     assert "replica 0" in server.log_tail() and "stopping the others" in server.log_tail()
 
@@ -219,7 +219,7 @@ def test_a_stop_is_followed_until_every_gpu_is_clear():
     t0 = time.monotonic()
     assert launch.gpu_leftovers(stuck, ignore={os.getpid()}, timeout_s=0.3, poll_s=0.05) == [
         {"gpu": 3, "uuid": "GPU-3", "pid": 4242, "used_bytes": 1 << 30}]
-    assert 0.3 <= time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 >= 0.3 and stuck.calls >= 2  # it polled until its timeout, then named it
     # a GPU whose processes cannot be listed is not called clean
     assert launch.gpu_leftovers(_NodeReadings(_node([], None)), timeout_s=0) == [
         {"gpu": 1, "uuid": "GPU-1", "pid": None, "used_bytes": None}]

@@ -283,7 +283,7 @@ def test_a_cancelled_evaluation_stops_every_server_and_writes_nothing(inputs, sc
         proc.send_signal(sig)
         rest = proc.stderr.read()
         assert proc.wait(30) == (143 if sig == signal.SIGTERM else 130), rest[-2000:]
-        assert time.monotonic() - t0 < 10 and "block 1/4 (baseline): stopped" in rest
+        assert time.monotonic() - t0 < 25 and "block 1/4 (baseline): stopped" in rest  # at once, not the level's end
         assert not outs[sig].exists()
     assert _tagged(inputs["tag"]) == [], "a server outlived its cancelled evaluation"
 
