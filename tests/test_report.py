@@ -9,34 +9,27 @@ from pathlib import Path
 import pytest
 
 from pipeline import report, result
-from pipeline.kernel.evaluate import Limits, Options, evaluate
-from pipeline.problems import load_problem
-from shared_cores import retrying_noise
+from fixtures.kernel_results import make as kernel_results
 
 ROOT = Path(__file__).resolve().parent.parent
-FIX = ROOT / "tests" / "fixtures" / "submissions"
-PROJ = load_problem("muse_bf16_proj")
+
+def test_the_committed_results_are_valid_and_of_their_status():
+    """Each fixture still matches result.schema.json and says what its name says: after a schema change,
+    `python tests/fixtures/kernel_results/make.py` writes them again."""
+    for status in kernel_results.RUNS:
+        doc = kernel_results.load(status)
+        result.validate(doc)
+        assert doc["status"] == status and doc["schema_version"] == result.SCHEMA_VERSION
+
 
 HOSTILE = ("@octocat please merge [click](https://evil.example/x) ![pixel](https://evil.example/p.png) "
            "<img src=x onerror=alert(1)> **bold** | table | #1 ```` :tada: www.evil.example")
 
 
-def _honest_timed_run() -> dict:
-    """The template, timed on the CPU, passed unless the shared cores made its timing noisy: only such a
-    verdict is retried (tests/shared_cores.py)."""
-    return retrying_noise(lambda: evaluate(PROJ.directory / "template.py", PROJ, Options(seeds=1, timing=True)))[0]
-
-
 @pytest.fixture(scope="module")
 def docs() -> dict[str, dict]:
-    out = {
-        "passed": _honest_timed_run(),
-        "incorrect": evaluate(FIX / "nan_output.py", PROJ, Options(seeds=1, timing=False)),
-        "compile_error": evaluate(FIX / "syntax_error.py", PROJ, Options(seeds=1, timing=False)),
-        "runtime_error": evaluate(FIX / "raises.py", PROJ, Options(seeds=1, timing=False)),
-        "timeout": evaluate(FIX / "infinite_loop.py", PROJ, Options(seeds=1, timing=False,
-                                                                   limits=Limits(first_call=2, call=2))),
-    }
+    """A result of each status, as the real evaluator wrote it (tests/fixtures/kernel_results/make.py)."""
+    out = {status: kernel_results.load(status) for status in kernel_results.RUNS}
     review = copy.deepcopy(out["passed"])
     review["status"] = "needs_review"
     review["flags"].append({"code": "below_floor", "message": "M1: 1.00 us is below 0.95x the floor", "line": None})
