@@ -150,8 +150,8 @@ def load_private_key(path: str | os.PathLike | None = None) -> SigningKey:
 
 
 def keygen(private_path: Path, public_path: Path) -> SigningKey:
-    """A new key pair: the private key created with mode 600 (never over an existing file), the public
-    key beside it for the repository's keyring. Returns the key."""
+    """A new key pair: the private key created with mode 600 (never over an existing file; its folder made,
+    mode 700, where it is missing), the public key beside it for the repository's keyring. Returns the key."""
     ed25519, _, _ = _crypto()
     private_path, public_path = Path(private_path), Path(public_path)
     for p in (private_path, public_path):
@@ -162,6 +162,8 @@ def keygen(private_path: Path, public_path: Path) -> SigningKey:
     if private_path.resolve() == public_path.resolve():
         raise SignatureError("--private and --public must be two different files")
     key = SigningKey.from_private(ed25519.Ed25519PrivateKey.generate())
+    if not private_path.parent.exists():  # a new host's /etc/muse: made for the key alone (mode 700)
+        private_path.parent.mkdir(mode=0o700, parents=True)
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         os.fchmod(fd, 0o600)  # whatever the umask said

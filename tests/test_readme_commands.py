@@ -79,7 +79,7 @@ MAPPED = {
         "tests/test_ledger.py::test_append_records_what_the_board_needs_and_chains_it",
 }
 # The test command: CI runs it (ci.yml -> bash .ci/run -> this line).
-CI = {"python -m pytest -q"}
+CI = {"python -m pytest -q", "python -m pytest -q -m heavy"}
 TIME_LIMIT_S = 60
 
 
@@ -104,7 +104,7 @@ def commands(text: str) -> list[tuple[str, dict[str, str]]]:
             pending = line.rstrip()[:-1] + " "
             continue
         pending = ""
-        if not re.search(r"(^|[\s;&|])(python3?|bash)(\s|$)", line):
+        if not re.search(r"(^|[\s;&|/])(python3?|bash)(\s|$)", line):
             continue  # no command of ours on this line (a fenced block can hold a file tree)
         lexer = shlex.shlex(line, posix=True, punctuation_chars="&;|")
         lexer.whitespace_split = True
@@ -117,11 +117,16 @@ def commands(text: str) -> list[tuple[str, dict[str, str]]]:
         for tok in [*tokens, ";"]:
             if tok in ("&&", ";", "||", "|", "&"):
                 env: dict[str, str] = {}
+                sudo = bool(part) and part[0] == "sudo"  # `sudo [-n] [VAR=value]... /path/to/python ...`
+                if sudo:
+                    part.pop(0)
+                    while part and part[0].startswith("-"):
+                        part.pop(0)
                 while part and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", part[0]):
                     key, value = part.pop(0).split("=", 1)
                     env[key] = value
-                if part and part[0] in RUNNERS:
-                    found.append((" ".join(part), env))
+                if part and (part[0] in RUNNERS or sudo and part[0].rsplit("/", 1)[-1] in RUNNERS):
+                    found.append((("sudo " if sudo else "") + " ".join(part), env))
                 part = []
             else:
                 part.append(tok)
