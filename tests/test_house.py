@@ -197,3 +197,49 @@ def test_a_function_level_import_is_no_cycle(tmp_path):
     (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipeline import a\n"
                               "def f():\n    from pipeline import a\n")
     assert cycle({n: e[1] for n, e in graph(pkg).items()}) is None
+
+
+# Where a process may be ended on purpose: the entry point (after the verb it was started for returned), and
+# the sandbox's forked launcher and init (a child process that must never return into the parent's code).
+ENDS_A_PROCESS = {"pipeline/__main__.py", "pipeline/sandbox.py"}
+# and these calls, each for its reason
+ALLOWED_EXITS = {
+    ("pipeline/evaluation.py", "sys.exit(128 + signum)"): "the SIGTERM handler: a cancelled job ends as an error would",
+    ("pipeline/serving/evaluate.py", "sys.exit(128 + signum)"): "the same, for the serving evaluation",
+    ("pipeline/serving/launch.py", "sys.exit('usage: launch.py --delay-ms N -m MODULE [ARGS...]')"):
+        "a script of its own (a server's launcher inside the sandbox), never a verb",
+}
+
+
+def test_no_verb_can_end_another_verbs_process():
+    """A verb returns its exit code; only `python -m pipeline`'s entry ends the process with it. A verb that
+    called os._exit or sys.exit would end whichever verb called it in-process (`publish` runs `board`,
+    then commits and pushes: a board verb that ended its process lost every merge's record)."""
+    offenders = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).as_posix()
+        if rel in ENDS_A_PROCESS:
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        guarded = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "__main__" in ast.unparse(node.test) for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and id(node) not in guarded and ast.unparse(node.func) in (
+                    "os._exit", "sys.exit", "exit", "quit", "os.abort"):
+                if (rel, ast.unparse(node)) not in ALLOWED_EXITS:
+                    offenders.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:100]}")
+    assert offenders == [], "calls that end the process outside the entry point:\n" + "\n".join(offenders)
+
+
+def test_the_exit_check_sees_an_exit(tmp_path):
+    """The check above can fail: a verb module that ends its process is named."""
+    pkg = tmp_path / "pipeline"
+    pkg.mkdir()
+    (pkg / "board.py").write_text("import os\n\ndef board(args):\n    os._exit(0)\n")
+    global PKG
+    saved, PKG = PKG, pkg
+    try:
+        with pytest.raises(AssertionError, match=r"pipeline/board.py:4: os._exit\(0\)"):
+            test_no_verb_can_end_another_verbs_process()
+    finally:
+        PKG = saved
