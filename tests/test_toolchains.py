@@ -225,7 +225,7 @@ def test_a_cpp_syntax_error_is_a_compile_error_with_the_compilers_first_error_at
     assert_isolated_where_possible(doc)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_load_inline_builds_a_cpp_extension_in_the_sandboxs_scratch(tmp_path):
     t0 = time.monotonic()
     done, doc = evaluate_cli(FIX / "cpp_extension.py", tmp_path)

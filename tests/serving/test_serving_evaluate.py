@@ -356,7 +356,7 @@ def test_an_official_run_measures_the_plan_and_the_hidden_set_only(inputs, tmp_p
 
 # ---- the real engine: `transformers serve` with SmolLM2-135M on the CPU, the shipped template ----
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_evaluate_against_transformers_serve(smollm2_checkpoint, scratch, tmp_path):
     """The whole evaluation through the real command against a real engine: the pin's transformers-cpu
     template, four launches of `transformers serve --continuous-batching` in their sandboxes (each waited

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow  # two checkpoints built and a model loaded: ~20 s on 2 cores
+pytestmark = pytest.mark.heavy  # two checkpoints built and a model loaded: ~20 s on 2 cores
 
 
 def _builder():

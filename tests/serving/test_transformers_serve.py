@@ -32,7 +32,7 @@ import pytest
 
 from pipeline.serving import metrics, replay
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture(scope="module")
