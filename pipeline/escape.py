@@ -42,7 +42,9 @@ _MD_SPECIAL = re.compile(r"([\\`*\[\]|~#]|(?<![^\W_])_|_(?![^\W_]))")
 # mentions and emails, issue references; a colon only where GitHub could make something of it: a URL's
 # scheme (`://`, `mailto:`, `xmpp:`) or an emoji's `:name:` (GitHub has no emoji named by digits alone but
 # :100: and :1234:), so a time (03:48:16) or a `file.py:name` reads and copies as itself
-_AFTER = re.compile(r"([@#]|:(?=//)|(?i:(?<=mailto)|(?<=xmpp)):|:(?=(?![0-9]+:)[a-z0-9_+-]+:|(?:100|1234):))")
+# (the name is matched as it stands escaped: `\_` is an `_` once markdown has read it)
+_NAME = r"(?:\\?[a-z0-9_+-])+"
+_AFTER = re.compile(rf"([@#]|:(?=//)|(?i:(?<=mailto)|(?<=xmpp)):|:(?=(?![0-9]+:){_NAME}:|(?:100|1234):))")
 _LINE_START = re.compile(r"^([-+=](?=[\s=+-]|$)|\d{1,9}[.)](?=\s|$))")
 _GH_REF = re.compile(r"(?i)(gh)(?=-)")  # GH-12 is an issue reference too
 _WWW = re.compile(r"(?i)w(?=ww)")
@@ -84,7 +86,7 @@ def _cut(s: str, limit: int | None) -> str:
 # ---- GitHub markdown ----
 
 # a colon that a colon right after the text would close into an emoji's `:name:`
-_OPEN_AT_END = re.compile(r":(?=(?:(?![0-9]+\Z)[a-z0-9_+-]+|100|1234)\Z)")
+_OPEN_AT_END = re.compile(rf":(?=(?:(?![0-9]+\Z){_NAME}|100|1234)\Z)")
 
 
 def md_inline(text: Any, limit: int | None = 500, *, before_colon: bool = False) -> str:

@@ -12,6 +12,25 @@ if str(ROOT) not in sys.path:
 HAS_CUDA = torch.cuda.is_available()
 
 
+WORKERS_ENV = "PIPELINE_TEST_WORKERS"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Both cores by default: `python -m pytest -q` runs in 2 worker processes (pytest-xdist, a test extra), each
+    test file whole on one of them (module fixtures are built once). Most tests wait on processes they start
+    (evaluations, servers, git), so a second worker nearly halves the wall time on 2 cores (test_evaluate.py:
+    203 s alone, 121 s with two). $PIPELINE_TEST_WORKERS=1 (or -n 0, or -p no:xdist) runs in this process."""
+    if (config.pluginmanager.has_plugin("xdist") and getattr(config.option, "numprocesses", None) is None
+            and not os.environ.get("PYTEST_XDIST_WORKER") and not config.option.collectonly
+            and config.option.usepdb is False):
+        workers = int(os.environ.get(WORKERS_ENV) or min(2, os.cpu_count() or 1))
+        if workers > 1:
+            config.option.numprocesses = workers
+            if getattr(config.option, "dist", "no") == "no":
+                config.option.dist = "loadfile"
+
+
 def pytest_addoption(parser):
     parser.addoption("--shard", metavar="K/N", default=None,
                      help="run only the K-th of N consecutive shares of the selected tests, of about equal time by "

@@ -87,6 +87,7 @@ def test_a_pin_without_a_taken_function_is_refused_by_name(tree, tmp_path):
         sglang.kernels_source(fake)
 
 
+@pytest.mark.heavy  # SGLang's Triton kernels in the interpreter, every smoke shape
 def test_sglangs_moe_kernels_pass_every_smoke_shape(tree, interpreted):
     """SGLang's W4A16 path (its GPTQ/AWQ Triton kernel, act_and_mul, the top-k sum) on our layouts, with
     SGLang's configuration rule, within the problem's tolerances on every shape: the adapter reads our
@@ -113,6 +114,7 @@ def test_the_default_configuration_is_sglangs_rule_for_this_model(tree):
     assert not [p for p in configs.rglob("*.json") if p.name.startswith("E=128,N=768,") and "int4_w4a16" in p.name]
 
 
+@pytest.mark.heavy  # a whole timed evaluation with SGLang's kernels interpreted: 90 s
 def test_an_evaluation_against_sglangs_kernels_runs_them_in_the_baseline_sandbox_and_records_them(tree):
     """Through the evaluator: the baseline worker (its own sandbox) imports the generated module from the
     folder it is granted and times SGLang's kernels; the result names that baseline and hashes its code."""

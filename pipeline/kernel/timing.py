@@ -162,7 +162,9 @@ def replays_us(graphs: list[Graph]) -> list[float]:
     replay, so no sample contains the host's launch latency or an idle GPU waiting for it (with one
     synchronised replay per sample, that latency was 1-2% of a 1 ms replay and drifted with the
     host: docs/TIMING.md). On a CPU: each eager replay between two reads of the clock."""
-    if graphs and isinstance(graphs[0].graph, EagerGraph):
+    if not graphs:  # a request with nothing to time: its round trip is the parent's to measure (a CPU's samples)
+        return []
+    if isinstance(graphs[0].graph, EagerGraph):
         times = []
         for g in graphs:
             t0 = time.perf_counter()
