@@ -17,13 +17,13 @@ WORKERS_ENV = "PIPELINE_TEST_WORKERS"
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """Both cores by default: `python -m pytest -q` runs in 2 worker processes (pytest-xdist, a test extra), each
+    """Both cores by default on a CPU machine: `python -m pytest -q` runs in 2 worker processes (pytest-xdist, a test extra), each
     test file whole on one of them (module fixtures are built once). Most tests wait on processes they start
     (evaluations, servers, git), so a second worker nearly halves the wall time on 2 cores (test_evaluate.py:
     203 s alone, 121 s with two). $PIPELINE_TEST_WORKERS=1 (or -n 0, or -p no:xdist) runs in this process."""
     if (config.pluginmanager.has_plugin("xdist") and getattr(config.option, "numprocesses", None) is None
             and not os.environ.get("PYTEST_XDIST_WORKER") and not config.option.collectonly
-            and config.option.usepdb is False):
+            and config.option.usepdb is False and not HAS_CUDA):  # one process where a GPU is timed
         workers = int(os.environ.get(WORKERS_ENV) or min(2, os.cpu_count() or 1))
         if workers > 1:
             config.option.numprocesses = workers
@@ -39,6 +39,7 @@ def pytest_addoption(parser):
 
 
 DURATIONS = ROOT / "tests" / "gpu_durations.json"
+from shards import shard  # noqa: E402
 
 # The test extras (pyproject.toml's [test]) a test module may import: where one is not installed, its modules
 # are skipped with what to install, never a collection error (a competitor may run the suite with less).
@@ -68,23 +69,6 @@ except ImportError:  # its fixture is missing too: the tests that ask for it ski
     @pytest.fixture
     def httpserver():
         pytest.skip("needs pytest-httpserver, a test extra: pip install -e '.[test]'")
-
-
-def shard(items: list, k: int, n: int, seconds: dict[str, float]) -> list:
-    """The k-th (1-based) of n consecutive runs of `items`, cut where the running sum of their expected
-    seconds crosses k/n of the whole (a test nobody timed counts as the median of those timed, or 1 s).
-    Consecutive, so a module's fixtures are built in one share only, unless it is cut."""
-    known = sorted(seconds.values())
-    default = known[len(known) // 2] if known else 1.0
-    cost = [max(0.01, seconds.get(it.nodeid, default)) for it in items]
-    total = sum(cost)
-    out, run = [], 0.0
-    for it, c in zip(items, cost):
-        middle = run + c / 2  # a test belongs to the share its middle falls in
-        if (k - 1) * total / n <= middle < k * total / n or (k == n and middle >= total):
-            out.append(it)
-        run += c
-    return out
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected: the shares are of what runs

@@ -103,6 +103,7 @@ def test_the_comment_is_what_post_result_posts_for_the_same_result(fake, tmp_pat
     assert posted["body"] == stdout
 
 
+@pytest.mark.heavy  # an evaluation in a terminal
 def test_the_comment_ranks_against_the_board_given_and_a_terminal_shows_a_bar(tmp_path):
     board = tmp_path / "board"
     board.mkdir()

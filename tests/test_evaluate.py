@@ -355,6 +355,7 @@ def _spinners(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
+@pytest.mark.heavy  # four busy processes for half a minute
 def test_a_correct_kernel_passes_on_a_loaded_cpu(tmp_path):
     """Four busy processes on the machine's cores for the whole run: the honest template still passes, exit 0;
     the noise is at most a timing_noise note with its figures (before: needs_review or runtime_error)."""

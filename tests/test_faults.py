@@ -312,7 +312,13 @@ def _run_fault(row: Row, tmp_path: Path, device_options: dict) -> tuple[dict, fl
     return doc, fault_s
 
 
-@pytest.mark.parametrize("row", [pytest.param(r, id=r.name, marks=r.marks) for r in ROWS])
+# the default tier's slice: a crash, a hang, a process left behind; the heavy tier runs every row
+FAST_ROWS = {"segfault", "infinite Python loop", "a daemon left running"}
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.name, marks=(*r.marks, *(() if r.name in FAST_ROWS else
+                                                                                (pytest.mark.heavy,))))
+                                 for r in ROWS])
 def test_a_fault_fails_alone_and_the_next_evaluation_is_unaffected(row, clean_cpu, tmp_path):
     doc, fault_s = _run_fault(row, tmp_path, CPU)
     recovery_s, verdict = until_healthy("cpu")

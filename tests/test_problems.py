@@ -74,6 +74,7 @@ def test_run_to_run_is_read_with_a_default_and_a_bad_value_is_refused(tmp_path):
 CASES = [(name, path) for name in PROBLEMS for path in variants(name)]
 
 
+@pytest.mark.heavy  # the calibration's Triton variants in the interpreter
 @pytest.mark.parametrize("name,path", CASES, ids=[f"{n}/{p.stem}" for n, p in CASES])
 def test_calibration_variant_gets_its_verdict(name, path):
     problem = load_problem(name)

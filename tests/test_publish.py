@@ -427,6 +427,7 @@ def test_reconcile_needs_github(origin, tmp_path, monkeypatch, capsys):
     assert "$GITHUB_REPOSITORY" in capsys.readouterr().err
 
 
+@pytest.mark.heavy  # 150 processes
 def test_a_burst_of_50_merges_with_racing_and_killed_runs_records_each_exactly_once(origin, tmp_path, fake):
     """50 merges in a burst against one real bare repository: ledger and snapshot runs start while merges
     land, several at once, each from its own clone, racing for the branch; some are killed (SIGKILL,

@@ -288,6 +288,7 @@ def test_template_passes_on_the_full_model(problem):
     assert doc["mode"]["model"] == "full"
 
 
+@pytest.mark.heavy  # the layers' Triton kernels in the interpreter
 @pytest.mark.parametrize("name", ["muse_decode_layer", "muse_prefill_layer"])
 def test_the_layers_with_the_fused_experts_are_right_on_the_smoke_model(name):
     """The layers' GPU baseline (the fused MoE for the experts) against the reference on one workload,
@@ -391,6 +392,7 @@ def test_the_fused_routing_picks_the_compositions_experts():
     assert torch.allclose(w, want_w, rtol=1e-6, atol=1e-7) and ids.dtype == torch.int32
 
 
+@pytest.mark.heavy  # the layers' Triton kernels in the interpreter
 @pytest.mark.parametrize("name", ["muse_decode_layer", "muse_prefill_layer"])
 def test_the_layers_with_the_fused_ops_are_right_on_the_smoke_model(name):
     """The staged baseline (SGLang's small fused kernels between the GEMMs, the fused MoE with the residual

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import shard
+from shards import shard
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -245,6 +245,7 @@ def test_a_gpu_left_held_after_a_block_fails_the_evaluation_as_the_node_s(monkey
         ev._gpus_clear("block 4/4 (candidate)", environment, None)
 
 
+@pytest.mark.heavy  # a whole serving evaluation of replicas
 def test_an_evaluation_of_a_data_parallel_launch_is_per_gpu(scratch, tmp_path):
     """The whole serving evaluation (B C C B, levels, canaries, GSM8K) against two replicas behind one
     address: every level's T_c is its tokens in the window over window seconds times the template's 2 GPUs

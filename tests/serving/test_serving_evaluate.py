@@ -132,6 +132,7 @@ def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_
         assert line in err
 
 
+@pytest.mark.heavy  # whole serving evaluations
 def test_a_slowed_candidate_scores_below_one_and_a_slowed_baseline_above(inputs, scratch, tmp_path):
     # the two evaluations at once (their servers mostly sleep between chunks): the margins are wide, a
     # 12 ms delay per chunk against 3 ms per token
@@ -198,6 +199,7 @@ def failing(inputs, sglang_tree, tmp_path_factory):
     return got
 
 
+@pytest.mark.heavy  # whole serving evaluations
 def test_a_candidate_whose_canaries_disagree_is_gated(failing):
     rc, doc, err = failing["canaries"]
     assert rc == 1, err[-3000:]
