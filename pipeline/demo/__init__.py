@@ -19,7 +19,7 @@ seed a shape); the serving evaluations replay 0.4 s windows of a dozen-turn data
 one run per block, two GSM8K questions, against the scripted server instead of SGLang. Evaluations that
 time nothing (a wrong or crashing kernel fails before timing) and the serving ones (their server sleeps
 between tokens) run side by side; the timed kernel evaluations run one at a time, alone, since two on two
-cores disturb each other's timing; one whose verdict is a noise flag of shared cores is run once more.
+cores disturb each other's timing (the verdicts would stand: a CPU's timing noise is no verdict).
 
 DIR (default ./demo-output) receives comments/pr-NN.md (the sticky comment after validation and after the
 run), comments/pr-NN-plot.png (serving), leaderboard.md and leaderboard/*.png, snapshots/, prizes.md,

@@ -42,7 +42,6 @@ SERVING_PLAN = ["--levels", "1,4,16,32", "--window-s", "0.4", "--warmup-s", "0.0
                 "--gsm8k-questions", "2"]
 # the baseline's server streams a token every 4 ms (pipeline/demo/server.py); a patch sets its own pace
 BASELINE_TOKEN_S = 0.004
-NOISE_FLAGS = {"baseline_accounting", "timing_not_converged"}  # shared cores, not the submission
 RUNNER_ENV = {"PIPELINE_KEYRING", "PIPELINE_SIGNING_KEY_FILE", "PIPELINE_RESULT_KEY_FILE", "PIPELINE_SEED_SECRET_FILE",
               "PIPELINE_SERVING_DATASET", "PIPELINE_SERVING_DATASET_SHA256", "PIPELINE_SERVING_MODEL",
               "PIPELINE_HARNESS_COMMIT", "PIPELINE_IMAGE_DIGEST", "PIPELINE_TEST_KILL_APPEND_AT"}
@@ -79,7 +78,6 @@ class PR:
     verdict: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] | None = None
     eval_s: float = 0.0
-    reruns: int = 0
     comment: str = ""
     outcome: str = ""
 
@@ -440,7 +438,7 @@ def _competition(sh: Shell, prs: list[PR], out: Path) -> None:
                         "status": p.result["status"] if p.result else None,
                         "score": (p.result.get("score") or {}).get("speedup") if p.result else None,
                         "merged_at": p.merged if p.result and p.result["status"] == "passed" else None,
-                        "evaluation_s": round(p.eval_s, 1), "reruns": p.reruns, "outcome": p.outcome}
+                        "evaluation_s": round(p.eval_s, 1), "outcome": p.outcome}
                        for p in prs],
                "final": final, "daily": daily["windows"], "now": NOW}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
@@ -571,22 +569,14 @@ def _evaluate(sh: Shell, p: PR, pin: Path, dataset: Path) -> None:
     meta = _meta(sh, p)
     result = sh.work / f"pr-{p.number}-result.json"
     t0 = time.monotonic()
-    for attempt in range(2):
-        if p.serving:
-            sh.verb("serving", "evaluate", str(target), "--launch", "demo", "--pin", str(pin), "--dataset",
-                    str(dataset), "--meta", str(meta), "--json", str(result), *SERVING_PLAN, ok=(0, 1))
-        else:
-            sh.verb("evaluate", str(target), "--problem", PROBLEM, "--device", "cpu", "--model", "smoke", "--seeds",
-                    "1", "--meta", str(meta), "--json", str(result), ok=(0, 1))
-        doc = json.loads(result.read_text())
-        noise = doc["status"] == "needs_review" and {f["code"] for f in doc["flags"]} <= NOISE_FLAGS
-        if not noise or attempt == 1 or not p.timed:
-            break
-        p.reruns += 1
-        sh.progress.note(f"#{p.number}: needs_review on a timing flag of the shared cores "
-                         f"({', '.join(f['code'] for f in doc['flags'])}); evaluated once more, as an organizer would")
+    if p.serving:
+        sh.verb("serving", "evaluate", str(target), "--launch", "demo", "--pin", str(pin), "--dataset",
+                str(dataset), "--meta", str(meta), "--json", str(result), *SERVING_PLAN, ok=(0, 1))
+    else:
+        sh.verb("evaluate", str(target), "--problem", PROBLEM, "--device", "cpu", "--model", "smoke", "--seeds",
+                "1", "--meta", str(meta), "--json", str(result), ok=(0, 1))
     p.eval_s = time.monotonic() - t0
-    p.result = doc
+    p.result = json.loads(result.read_text())
 
 
 def _evaluated(p: PR) -> str:
@@ -597,7 +587,7 @@ def _evaluated(p: PR) -> str:
         line += f", score {doc['score']['speedup']:.3f}{'' if p.serving else 'x'}"
     if doc["status"] not in ("passed", "needs_review"):
         line += ": " + _failure(doc)[:150]
-    return line + f" ({p.eval_s:.0f} s, {how}{', re-run once' if p.reruns else ''})"
+    return line + f" ({p.eval_s:.0f} s, {how})"
 
 
 def _failure(doc: dict[str, Any]) -> str:

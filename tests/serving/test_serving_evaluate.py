@@ -94,7 +94,7 @@ def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_
     # busy cores: S 0.9978 against eps 0.0015); and a block that another job on the two shared cores
     # slows scores a few percent off (one CI run: S 0.940 against eps 0.017). The claim held: a no-op
     # patch scores 1 within the larger of eps and that 1% grain, and an evaluation outside it is run once
-    # more, as tests/shared_cores.py retries the CPU timings' noise (a real bias repeats and still fails);
+    # more (a real bias repeats and still fails);
     # the slowed-side tests below show S leaving 1 by far more.
     patch = write_patch(scratch, tmp_path)
     for attempt in range(2):
