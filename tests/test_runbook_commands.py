@@ -4,8 +4,8 @@ verb on this one.
 
 Commands run here run in a fresh copy of the repository (tests/fresh_copy.py), exactly as written, each with its
 effect checked. Those that write where an organizer's host keeps its files (/etc/muse, /tmp) run as root in a
-mount namespace of their own, where /etc is an overlay of the real one (what they write lands in the test's own
-folder) and /tmp is the test's folder: the same arguments, and nothing of this machine is touched.
+mount namespace of their own, where /etc and /tmp are overlays of the real ones (what they write lands in the
+test's own folders): the same arguments, and nothing of this machine is touched.
 """
 
 from __future__ import annotations
@@ -137,22 +137,39 @@ def test_the_runbook_commands_run_in_order(copy, tmp_path):
         assert why is None, f"`{command}`: {why}"
 
 
-def _private(command: str, cwd: Path, upper: Path, tmp: Path) -> subprocess.CompletedProcess:
-    """`command` as root in a mount namespace of its own: /etc an overlay whose writes land in `upper`, /tmp
-    the folder `tmp`. The working directory is kept (it is entered before /tmp is covered)."""
-    work = upper.parent / "overlay-work"
-    for d in (upper, work, tmp):
-        d.mkdir(parents=True, exist_ok=True)
-    script = (f"mount -t overlay overlay -o lowerdir=/etc,upperdir={shlex.quote(str(upper))},"
-              f"workdir={shlex.quote(str(work))} /etc && mount --bind {shlex.quote(str(tmp))} /tmp && "
-              f"exec {shlex.join(_argv(command))}")
+def _private(command: str, cwd: Path, etc: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """`command` as root in a mount namespace of its own, /etc and /tmp overlays of the real ones whose writes
+    land in `etc` and `tmp` (folders outside both, each with its overlay's work folder beside it): the host's
+    files stay as they were, and everything below /tmp (the repository's copy, an editable install) is seen."""
+    mounts = []
+    for target, upper in (("/etc", etc), ("/tmp", tmp)):
+        work = upper.parent / f"{upper.name}-work"
+        for d in (upper, work):
+            d.mkdir(parents=True, exist_ok=True)
+        mounts.append(f"mount -t overlay overlay -o lowerdir={target},upperdir={shlex.quote(str(upper))},"
+                      f"workdir={shlex.quote(str(work))} {target}")
+    script = " && ".join(mounts + [f"exec {shlex.join(_argv(command))}"])
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script], cwd=cwd,
                           env=_env(), capture_output=True, text=True, timeout=120)
 
 
+@pytest.fixture
+def uppers():
+    """Where the overlays' writes land: a folder outside /etc and /tmp (an overlay's upper folder may not lie
+    inside its lower one), removed afterwards."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="muse-runbook-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    try:
+        yield base / "etc", base / "tmp"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of its own needs root (CI and the runners are)")
-def test_the_runbook_commands_that_write_to_the_hosts_paths(copy, tmp_path):
-    upper, tmp = tmp_path / "etc-upper", tmp_path / "tmp"
+def test_the_runbook_commands_that_write_to_the_hosts_paths(copy, uppers):
+    upper, tmp = uppers
     keygen = _private(PRIVATE[0], copy, upper, tmp)
     assert keygen.returncode == 0, keygen.stderr
     private = upper / "muse" / "signing.key"
