@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from github_fake import FakeGitHub, blob_sha, fake_sha
+from test_github_flow import _plain_git  # noqa: F401 - a fixture: git without this machine's configuration
 from ledger_factory import TEST_KEY, bare_origin, clone, git, raw, result_doc, write_private_key
 from workflow_steps import Job, pipeline_steps, step, steps
 
@@ -272,22 +273,13 @@ def _merged_and_evaluated(fake: FakeGitHub, pr: int, login: str) -> str:
     return head_sha
 
 
-@pytest.fixture
-def plain_git(monkeypatch, tmp_path_factory):
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path_factory.mktemp("gitconfig") / "none"))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    for who in ("AUTHOR", "COMMITTER"):
-        monkeypatch.setenv(f"GIT_{who}_NAME", "test")
-        monkeypatch.setenv(f"GIT_{who}_EMAIL", "test@example.invalid")
-
-
 def _app_outputs() -> dict[str, dict[str, str]]:
     # what actions/create-github-app-token gives the step (a local remote needs no token)
     return {"app": {"token": "app-installation-token", "app-slug": "muse-pipeline"}}
 
 
 @pytest.mark.parametrize("trigger", ["merged", "dispatch"])
-def test_ledger_yml_records_the_merged_pr_on_the_remote(tmp_path, fake, plain_git, trigger):
+def test_ledger_yml_records_the_merged_pr_on_the_remote(tmp_path, fake, _plain_git, trigger):
     origin = bare_origin(tmp_path)
     head_sha = _merged_and_evaluated(fake, 7, "bob")
     if trigger == "merged":
@@ -311,7 +303,7 @@ def test_ledger_yml_records_the_merged_pr_on_the_remote(tmp_path, fake, plain_gi
         "muse-pipeline[bot] <muse-pipeline[bot]@users.noreply.github.com>"
 
 
-def test_snapshot_yml_records_what_is_missing_and_backfills_the_hours(tmp_path, fake, plain_git):
+def test_snapshot_yml_records_what_is_missing_and_backfills_the_hours(tmp_path, fake, _plain_git):
     origin = bare_origin(tmp_path)
     _merged_and_evaluated(fake, 7, "bob")
     job = Job(tmp_path / "job", {"schedule": "17 * * * *"}, api=fake.env(), step_outputs=_app_outputs())
