@@ -31,9 +31,10 @@ download() {  # dir, requirements...: each at this machine's version, else (no c
   done
 }
 top=()
-# pytest-httpserver (the GitHub stand-in of tests/github_fake.py) and PyGithub with its needs: the workflow-step tests
+# pytest-httpserver (the GitHub stand-in of tests/github_fake.py) and PyGithub with their needs: the workflow-step
+# tests; linkify-it-py: the markdown parser of tests/test_escape.py (collected by every `-m gpu` run)
 for p in jsonschema jsonschema-specifications referencing rpds-py attrs cryptography cffi pycparser tabulate unidiff orjson \
-         pytest-httpserver pygithub pynacl pyjwt deprecated; do
+         pytest-httpserver werkzeug markupsafe pygithub pynacl pyjwt deprecated linkify-it-py uc-micro-py; do
   top+=("$(pinned "$p")")
 done
 download .whl "${top[@]}"
