@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -234,3 +235,29 @@ def test_a_bad_out_is_a_usage_error(tmp_path):
     (busy / "notes.txt").write_text("mine\n")
     done = demo(busy, timeout=60)
     assert done.returncode == 2 and "not empty" in done.stderr and (busy / "notes.txt").read_text() == "mine\n"
+
+
+def test_ctrl_c_while_a_step_waits_on_its_process_ends_that_process(tmp_path):
+    """Ctrl-C lands while the main thread waits on one of its steps' processes (a validation): that process
+    ends with it, not left running into a folder about to be removed (CI once saw `Directory not empty`)."""
+    from pipeline.demo.flow import Progress, Shell
+
+    sh = Shell(tmp_path, tmp_path, Progress(1, tmp_path / "steps.txt"))
+    marker = tmp_path / "started"
+    child = [sys.executable, "-c", "import os, pathlib, sys, time;"
+             " pathlib.Path(sys.argv[1]).write_text(str(os.getpid())); time.sleep(60)", str(marker)]
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        def interrupt() -> None:
+            while not marker.exists():
+                time.sleep(0.02)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            sh.process(child, cwd=tmp_path, env=dict(os.environ), timeout=30)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    pid = int(marker.read_text())
+    assert not Path(f"/proc/{pid}").exists() or _state(pid) == "Z", "the step's process outlived the Ctrl-C"
+    sh.stop()

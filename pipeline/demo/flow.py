@@ -231,9 +231,8 @@ class Shell:
             self._running.add(proc)
         try:
             out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        except BaseException:  # a timeout, or Ctrl-C while this thread waits: it is ended before it is forgotten
+            _end(proc)
             raise
         finally:
             with self._lock:
@@ -251,11 +250,7 @@ class Shell:
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _end(proc)
 
     def git(self, *args: str, at: str | None = None, cwd: Path | None = None, who: str = "demo") -> str:
         env = dict(self.env)
@@ -278,6 +273,17 @@ class Shell:
             raise StepFailed(f"python -m pipeline {' '.join(args)} exited {done.returncode}:\n"
                              + (done.stderr or done.stdout).strip()[-3000:])
         return done
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM (an evaluation then ends its own workers), SIGKILL after 10 s; returns once it has ended."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # ---- the flow ----
