@@ -30,7 +30,8 @@ export PYTHONPATH=/root/site PYTHONUNBUFFERED=1
   fi
   bash benchmarks/toolchains_setup.sh
 } >> "$log" 2>&1
-PATH="/root/tc-site/bin:$PATH" timeout "${LIMIT:-560}" python3 -m pytest -m gpu -p no:cacheprovider -q -rA \
+# SIGINT at the limit: pytest stops as on Ctrl-C and still writes the junit XML of the tests that ran
+PATH="/root/tc-site/bin:$PATH" timeout -s INT -k 20 "${LIMIT:-560}" python3 -m pytest -m gpu -p no:cacheprovider -q -rA \
   --durations=0 --shard "$share" --junitxml "$OUT/gpu-tests-$tag.xml" >> "$log" 2>&1
 rc=$?
 echo "== pytest exit $rc ($(date -u +%FT%TZ))" >> "$log"
