@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import platform
 import secrets
@@ -288,7 +289,7 @@ class Child:
             reply = json.loads(line)
             if not isinstance(reply, dict):
                 raise ValueError("not an object")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested deeper than the parser goes
             reply = {}
         if reply.get("nonce") != nonce:
             raise ChildFailure({"status": "runtime_error",
@@ -733,7 +734,7 @@ def _finish(doc: dict[str, Any]) -> dict[str, Any]:
         and doc["mode"] == {"device": "cuda", "model": "full", "timing": "cuda-graph", "seeds": "secret"}
         and isolated
     )
-    result_schema.validate(doc)
+    result_schema.validate(result_schema.bounded(doc))
     return doc
 
 
@@ -939,6 +940,11 @@ def _timing_seed(problem: Problem, shape: Shape, opts: Options, index: int) -> i
     return seedlib.secret_seed(opts.secret, problem.name, tag, index) if opts.secret else seedlib.public_seed(problem.name, tag, index)
 
 
+def _in_range(v: Any, lo: float, hi: float) -> bool:
+    """A finite number (not a bool) in (lo, hi]: what a worker reports as a time must be one."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo < v <= hi
+
+
 def _judge_sets(problem, reply, outs, shared_sets, pristine_sets, expecteds, what) -> str | None:
     """The timed graph's outputs for every input set, judged on the parent's buffers (as `_judge_call`):
     None when every one is right, else the first thing wrong."""
@@ -1040,7 +1046,8 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
     # At least the sets that fill the L2 multiple for the trial; then one set a call (`calls` below).
     least = timing.rotation_sets(first, cache, opts.l2_multiple, opts.max_sets)
     most = max(least, min(opts.max_sets, SET_BYTES[device] // max(1, timing.set_bytes(first))))
-    sets = [first] + [ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, r), device) for r in range(1, least)]
+    sets = [first] + [ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, r), device)
+                      for r in range(1, least)]
     # Which target's buffers are allocated, warmed up and captured first is drawn per workload: with a
     # fixed order, the baseline submitted against itself scored 0.55% apart at M=1 in every one of five
     # evaluations (docs/BENCHMARKS.md), a bias of the order, not of the code.
@@ -1066,8 +1073,15 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
         return [a for sh in shares[t] for a in sh.arenas.values()]
 
     try:
-        per_call = {t: float(ask(t, {"op": "bench_prepare", "sets": [sh.spec() for sh in shares[t]]},
-                                 opts.limits.first_call, arenas_of(t))["per_call_us"]) for t in workers}
+        per_call = {t: ask(t, {"op": "bench_prepare", "sets": [sh.spec() for sh in shares[t]]},
+                           opts.limits.first_call, arenas_of(t)).get("per_call_us") for t in workers}
+        for t, estimate in per_call.items():
+            if not _in_range(estimate, 0, 1e9):
+                if t == "baseline":
+                    raise BaselineFailure(f"the baseline's trial graph on {key} gave a per-call time of {estimate!r}")
+                fail("runtime_error", {"error": f"the submission's trial graph reported a per-call time of "
+                                                f"{str(estimate)[:40]}: not a time, so the timings cannot be trusted"})
+                raise _Abort
         # The parent, not a worker, fixes the calls per replay and the replays per block, so the only
         # thing a worker reports is each replay's duration, and the parent's clock bounds their sum.
         # Each call has an input set of its own, so every call of a timed graph leaves an output that is
@@ -1161,7 +1175,8 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
             poison(outs)
             reply = child.request({"op": "bench_outputs", "key": key, "outputs": [o.id for o in outs]},
                                   opts.limits.call, outs)
-            return _judge_sets(problem, reply, outs, mine, sets, expecteds, f"a timed block on fresh inputs (#{checked})")
+            return _judge_sets(problem, reply, outs, mine, sets, expecteds,
+                               f"a timed block on fresh inputs (#{checked})")
 
         samples: dict[str, list[float]] = {t: [] for t in workers}
         wall_us = {t: 0.0 for t in workers}
@@ -1227,8 +1242,15 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
         cross: dict[str, float] = {}
         if why is None:
             for t in workers:
-                cross[t] = float(ask(t, {"op": "bench_crosscheck", "repeats": CROSS_REPEATS[device],
-                                         "seconds": CROSS_SECONDS[device]}, opts.limits.call)["per_call_us"])
+                got = ask(t, {"op": "bench_crosscheck", "repeats": CROSS_REPEATS[device],
+                              "seconds": CROSS_SECONDS[device]}, opts.limits.call).get("per_call_us")
+                if not _in_range(got, -1e9, 1e9):  # a difference of two medians: may be below zero
+                    if t == "baseline":
+                        raise BaselineFailure(f"the baseline's cross-check on {key} gave {got!r}")
+                    fail("runtime_error", {"error": f"the submission's cross-check reported {str(got)[:40]}: not "
+                                                    "a time, so the timings cannot be trusted"})
+                    raise _Abort
+                cross[t] = float(got)
         ask("submission", {"op": "bench_release", "keys": [key]}, opts.limits.call)
         watch.lap("checks")
     except _Abort:  # the verdict is recorded already
