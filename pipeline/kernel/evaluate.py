@@ -655,7 +655,10 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         if doc["status"] == "passed" and opts.timing:
             current_shape = None
             # The baseline in a process of its own: nothing the submission does in its process reaches it.
-            baseline = Child(device, deadline, policy, baseline_readable, role="baseline")
+            # Its time is its own too: each of its requests has its own limit, and the evaluation's total,
+            # which the submission's requests may use up, is not shared with it (a submission that spent it
+            # made the baseline's load time out: exit 3, the runner blamed for the submission's doing).
+            baseline = Child(device, math.inf, policy, baseline_readable, role="baseline")
             doc["environment"]["sandbox"]["baseline"] = baseline.describe()
             reply = baseline.request(baseline_load, opts.limits.compile)
             if not reply.get("ok"):
