@@ -307,6 +307,10 @@ class Child:
             name = signal.Signals(-code).name
             meaning = SIGNAL_MEANING.get(name, "").format(cpu_seconds=self.limits.cpu_seconds,
                                                           file_size=self.limits.file_size)
+            if name == "SIGKILL" and getattr(self.box, "oom_kills", 0):
+                meaning = (f"the kernel's OOM killer: its sandbox used all of its {self.limits.group_memory >> 20} MiB "
+                           "of memory, what it wrote to /tmp and /dev/shm included (competition.toml [limits.sandbox] "
+                           "group_memory)")
             why = (f"the {self.role}'s process was killed by {name}{phase}" + (f" ({meaning})" if meaning else "")
                    + f"; to see where, {ADVICE}")
         else:
