@@ -142,6 +142,47 @@ def _resolved(opts: Options, device: str) -> Options:
 WORKER_STATUSES = ("compile_error", "runtime_error")
 
 
+def _text(value: Any) -> str:
+    """A field of a worker's reply that the result shows as text: a string as it is, anything else as its JSON."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)[:MAX_REPLY_BYTES]
+    except (TypeError, ValueError, RecursionError):
+        return repr(type(value))
+
+
+def _where(value: Any) -> dict[str, Any] | None:
+    """The submission's line a worker's reply points at, with each field of the type the result holds; None when
+    it is no such thing."""
+    if not isinstance(value, dict):
+        return None
+    line = value.get("line")
+    return {"file": _text(value.get("file") or ""),
+            "line": line if type(line) is int and 0 <= line <= 10**9 else None,
+            "function": None if value.get("function") is None else _text(value.get("function")),
+            "code": _text(value.get("code") or "")}
+
+
+def record_failure(doc: dict[str, Any], status: str, reply: Any, shape: str | None, log_tail: str) -> None:
+    """The document's status and error for a failure a worker's reply describes. The reply is the submission's to
+    write (its process can rewrite its worker): every field is typed here and every text bounded by `_finish`, so
+    no reply can make the result invalid."""
+    reply = reply if isinstance(reply, dict) else {}
+    if status in WORKER_STATUSES:
+        # A missing toolchain or a failed build, told in the competitor's terms (what the runner has).
+        told = toolchains.explain(reply, doc["environment"]["toolchains"])
+        reply, status = told, worker_status(told, status)
+    doc["status"] = status
+    doc["error"] = {
+        "message": _text(reply.get("error") or status),
+        "shape": shape,
+        "where": _where(reply.get("where")),
+        "traceback": _text(reply.get("traceback", "")),
+        "log_tail": log_tail,
+    }
+
+
 def worker_status(reply: dict[str, Any], default: str) -> str:
     status = reply.get("status")
     return status if status in WORKER_STATUSES else default
@@ -622,18 +663,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             opts.phase(what)
 
     def fail(status: str, reply: dict[str, Any]) -> None:
-        if status in WORKER_STATUSES:
-            # A missing toolchain or a failed build, told in the competitor's terms (what the runner has).
-            told = toolchains.explain(reply, doc["environment"]["toolchains"])
-            reply, status = told, worker_status(told, status)
-        doc["status"] = status
-        doc["error"] = {
-            "message": reply.get("error") or status,
-            "shape": current_shape,
-            "where": reply.get("where"),
-            "traceback": reply.get("traceback", ""),
-            "log_tail": child.log_tail(),
-        }
+        record_failure(doc, status, reply, current_shape, child.log_tail())
 
     try:
         begin("loading the submission (imports, module-level compiles)")
