@@ -176,6 +176,40 @@ def _pair_ordered(v: Any) -> bool:
     return not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, (int, float)) for x in v) or v[0] <= v[1]
 
 
+def _cut(text: str, cap: int) -> str:
+    """`text` within `cap` characters: its head and tail kept, how much was cut said between them."""
+    text = _SURROGATE.sub("\ufffd", text)
+    if len(text) <= cap:
+        return text
+    note = f" [... {len(text) - cap + 64:,} characters cut ...] "
+    keep = cap - len(note) - 8
+    return text[:keep // 2] + note + text[len(text) - keep // 2:]
+
+
+def bounded(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` made to fit the bounds that text from a submission can break (what it raises, prints, names or
+    writes on a line of source ends up in messages, tracebacks, log tails and flags): every string cut to its
+    cap with the cut said, lone surrogates replaced, flags beyond MAX_FLAGS folded into one that counts them.
+    In place; numbers and structure are the evaluator's own and left to `validate`."""
+    flags = doc.get("flags")
+    if isinstance(flags, list) and len(flags) > MAX_FLAGS:
+        rest = flags[MAX_FLAGS - 1:]
+        codes = sorted({f.get("code", "?") for f in rest if isinstance(f, dict)})
+        doc["flags"] = flags[:MAX_FLAGS - 1] + [{"code": "more_flags", "line": None, "message": (
+            f"{len(rest):,} more flags, not listed (codes: {', '.join(map(str, codes[:20]))})")}]
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        path, v = stack.pop()
+        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+        for k, x in items:
+            where = f"{path}/{k}"
+            if isinstance(x, str):
+                v[k] = _cut(x, MAX_LOG if where.endswith(("/log_tail", "/traceback")) else MAX_STRING)
+            elif isinstance(x, (dict, list)):
+                stack.append((where, x))
+    return doc
+
+
 def bound_problems(doc: dict[str, Any]) -> list[str]:
     """What is out of bounds in a document that matches the schema (see the constants above): the
     general bounds of every value, then the fields' own ranges and exact patterns."""

@@ -135,6 +135,9 @@ SECCOMP = {  # arch: (AUDIT_ARCH, clone, unshare, clone3)
     "aarch64": (0xC00000B7, 220, 97, 435),
 }
 CLONE_NEWUSER = 0x10000000
+# It also refuses the kernel's keyrings (add_key, request_key, keyctl): they sit outside every namespace, so a
+# key one evaluation leaves in its user's keyring would be there for the next to read.
+KEYRING_SYSCALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
 
 # Bringing the loopback up: SIOCGIFFLAGS / SIOCSIFFLAGS on a struct ifreq (16-byte name, then the flags).
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -203,10 +206,13 @@ class _Libc:
         arch, nr_clone, nr_unshare, nr_clone3 = SECCOMP[os.uname().machine]
         ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
         allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+        keyrings = [step for nr in KEYRING_SYSCALLS[os.uname().machine]
+                    for step in ((jeq, 0, 1, nr), (ret, 0, 0, eperm))]
         prog = [
             (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm),  # another ABI (i386 on x86_64): refuse all
             (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm),  # the x32 ABI: refuse all
             (jeq, 0, 1, nr_clone3), (ret, 0, 0, enosys),
+            *keyrings,
             (jeq, 2, 0, nr_clone), (jeq, 1, 0, nr_unshare), (ret, 0, 0, allow),
             (ld, 0, 0, 16), (jset, 0, 1, CLONE_NEWUSER), (ret, 0, 0, eperm), (ret, 0, 0, allow),
         ]
@@ -1443,7 +1449,7 @@ class Sandbox:
             return {"isolation": "namespaces", "uid": self.uid, "gid": self.gid, "reason": None,
                     "namespaces": ["pid", "network", "mount", "ipc"], "limits": limits,
                     "network": "own loopback up" if self.loopback else "own loopback down",
-                    "seccomp": "no user namespaces" if os.uname().machine in SECCOMP else None,
+                    "seccomp": "no user namespaces, no keyrings" if os.uname().machine in SECCOMP else None,
                     "scratch": str(self.scratch), "readable": self._plan["readable"],
                     "warnings": self._plan["warnings"]}
         return {"isolation": "none", "uid": os.geteuid(), "gid": os.getegid(), "reason": self.reason,

@@ -46,17 +46,19 @@ def test_summary_reports_what_the_result_schema_names():
 
 
 @pytest.mark.parametrize(
-    "per_call_us,sets,expected",
+    "per_call_us,least,most,expected",
     [
-        (20.0, 5, 50),  # 1 ms / 20 us, a multiple of 5
-        (1.0, 5, 255),  # capped at 256, kept a multiple of the sets
-        (5000.0, 2, 2),  # a slow call still cycles every set once
-        (333.0, 3, 6),  # ceil(1000 / 333) = 4 -> the next multiple of 3
+        (20.0, 5, 256, 50),  # 1 ms / 20 us: one input set a call
+        (1.0, 5, 256, 256),  # capped at 256 calls
+        (1.0, 5, 40, 40),  # or at the sets that fit the memory cap
+        (5000.0, 2, 256, 2),  # a slow call: still the sets that fill the L2 multiple, each once
+        (333.0, 7, 256, 7),  # ceil(1000 / 333) = 4, but at least the L2 multiple's 7 sets
+        (333.0, 1, 256, 4),
     ],
 )
-def test_calls_per_replay(per_call_us, sets, expected):
-    k = timing.choose_calls(per_call_us, sets)
-    assert k == expected and k % sets == 0 and k <= timing.MAX_CALLS_PER_GRAPH
+def test_calls_per_replay(per_call_us, least, most, expected):
+    k = timing.choose_calls(per_call_us, least, most)
+    assert k == expected and k <= timing.MAX_CALLS_PER_GRAPH
 
 
 @pytest.mark.parametrize(
@@ -143,5 +145,5 @@ def test_rotation_sets_fill_the_multiple_of_l2_between_two_and_the_cap():
     one_mib = {"w": torch.empty(mib, dtype=torch.uint8), "eps": 1e-6}  # scalars take no memory
     assert timing.rotation_sets(one_mib, l2_bytes=mib, multiple=20) == 20
     assert timing.rotation_sets(one_mib, l2_bytes=mib, multiple=2.5) == 3  # rounded up: at least the multiple
-    assert timing.rotation_sets({"w": torch.empty(16, dtype=torch.uint8)}, l2_bytes=mib, multiple=20) == timing.MAX_SETS
+    assert timing.rotation_sets({"w": torch.empty(16, dtype=torch.uint8)}, l2_bytes=mib, multiple=20) == timing.MAX_CALLS_PER_GRAPH
     assert timing.rotation_sets({"w": torch.empty(64 * mib, dtype=torch.uint8)}, l2_bytes=mib, multiple=20) == 2

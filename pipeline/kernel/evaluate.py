@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import platform
 import secrets
@@ -49,6 +50,14 @@ LOG_TAIL_CHARS = 4000
 MAX_REPLY_BYTES = 1 << 20
 ENV_PASSTHROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LANG", "LC_ALL")
 CPU_CACHE_BYTES = 256 << 10  # a nominal cache for the CPU path's rotation and flush (CPU timings are unofficial)
+# The bytes of one target's input sets at most (the parent keeps a pristine copy and each target a shared one):
+# the sets of a timed graph, one a call, stop here even if a replay then lasts less than 1 ms.
+SET_BYTES = {"cuda": 8 << 30, "cpu": 256 << 20}
+# About this many of the submission's timed blocks are checked ones, drawn at random (each block with the same
+# chance, at most 1 in 5), and one more after sampling: the parent writes new values into every one of its input
+# sets first, and reads and judges every call's output after. New sets cost the parent their reference outputs
+# (a GB-sized MoE set tens of ms), so their number is bounded, not a share of the blocks.
+CHECKED_BLOCKS = 3
 
 
 # [limits.wall_clock] key: (kind, built-in value); the spec's: compile and warm-up 180 s, 60 s per workload,
@@ -97,7 +106,7 @@ class Options:
     # which cut the process-to-process offset of a 24 us GEMV from about 1.1% to 0.4%.
     l2_multiple: float | None = None  # GPU $PIPELINE_TIMING_L2_MULTIPLE or 20
     min_samples: int | None = None  # per target and workload; GPU timing.MIN_SAMPLES
-    max_sets: int | None = None  # input sets of a timed graph at most; GPU timing.MAX_SETS
+    max_sets: int | None = None  # calls (one input set each) of a timed graph at most; GPU timing.MAX_CALLS_PER_GRAPH
     # The baseline alone, once the submission is gone: its blocks this long per workload.
     alone_seconds: float | None = None
     min_accounted: float = 0.85  # reported GPU time / the parent's wall time of each target's blocks
@@ -117,7 +126,7 @@ def _resolved(opts: Options, device: str) -> Options:
         "min_timing_seconds": _env_float("PIPELINE_TIMING_MIN_S", 2.0) if gpu else 0.1,
         "l2_multiple": _env_float("PIPELINE_TIMING_L2_MULTIPLE", 20) if gpu else 20.0,
         "min_samples": timing.MIN_SAMPLES if gpu else 8,
-        "max_sets": timing.MAX_SETS if gpu else 4,
+        "max_sets": timing.MAX_CALLS_PER_GRAPH if gpu else 32,
         "alone_seconds": 1.0 if gpu else 0.2,
     }
     out = Options(**{**opts.__dict__})
@@ -280,7 +289,7 @@ class Child:
             reply = json.loads(line)
             if not isinstance(reply, dict):
                 raise ValueError("not an object")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a line nested deeper than the parser goes
             reply = {}
         if reply.get("nonce") != nonce:
             raise ChildFailure({"status": "runtime_error",
@@ -646,7 +655,10 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
         if doc["status"] == "passed" and opts.timing:
             current_shape = None
             # The baseline in a process of its own: nothing the submission does in its process reaches it.
-            baseline = Child(device, deadline, policy, baseline_readable, role="baseline")
+            # Its time is its own too: each of its requests has its own limit, and the evaluation's total,
+            # which the submission's requests may use up, is not shared with it (a submission that spent it
+            # made the baseline's load time out: exit 3, the runner blamed for the submission's doing).
+            baseline = Child(device, math.inf, policy, baseline_readable, role="baseline")
             doc["environment"]["sandbox"]["baseline"] = baseline.describe()
             reply = baseline.request(baseline_load, opts.limits.compile)
             if not reply.get("ok"):
@@ -725,7 +737,7 @@ def _finish(doc: dict[str, Any]) -> dict[str, Any]:
         and doc["mode"] == {"device": "cuda", "model": "full", "timing": "cuda-graph", "seeds": "secret"}
         and isolated
     )
-    result_schema.validate(doc)
+    result_schema.validate(result_schema.bounded(doc))
     return doc
 
 
@@ -931,6 +943,11 @@ def _timing_seed(problem: Problem, shape: Shape, opts: Options, index: int) -> i
     return seedlib.secret_seed(opts.secret, problem.name, tag, index) if opts.secret else seedlib.public_seed(problem.name, tag, index)
 
 
+def _in_range(v: Any, lo: float, hi: float) -> bool:
+    """A finite number (not a bool) in (lo, hi]: what a worker reports as a time must be one."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo < v <= hi
+
+
 def _judge_sets(problem, reply, outs, shared_sets, pristine_sets, expecteds, what) -> str | None:
     """The timed graph's outputs for every input set, judged on the parent's buffers (as `_judge_call`):
     None when every one is right, else the first thing wrong."""
@@ -1029,10 +1046,11 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
     watch = Stopwatch()
     cache = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else CPU_CACHE_BYTES
     first = ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, 0), device)
-    n_sets = timing.rotation_sets(first, cache, opts.l2_multiple, opts.max_sets)
-    sets = [first] + [ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, r), device) for r in range(1, n_sets)]
-    expecteds = [_expected(problem, s) for s in sets]
-    out_nbytes = expecteds[0]["output"].numel() * getattr(ref_mod, "OUTPUT_DTYPE", torch.bfloat16).itemsize
+    # At least the sets that fill the L2 multiple for the trial; then one set a call (`calls` below).
+    least = timing.rotation_sets(first, cache, opts.l2_multiple, opts.max_sets)
+    most = max(least, min(opts.max_sets, SET_BYTES[device] // max(1, timing.set_bytes(first))))
+    sets = [first] + [ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, r), device)
+                      for r in range(1, least)]
     # Which target's buffers are allocated, warmed up and captured first is drawn per workload: with a
     # fixed order, the baseline submitted against itself scored 0.55% apart at M=1 in every one of five
     # evaluations (docs/BENCHMARKS.md), a bias of the order, not of the code.
@@ -1040,7 +1058,7 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
     secrets.SystemRandom().shuffle(order)
     workers = {t: {"baseline": base, "submission": child}[t] for t in order}
     shares = {t: [transport.share(s) for s in sets] for t in workers}
-    outs = [transport.output_buffer(out_nbytes, device) for _ in sets]
+    outs: list[transport.Arena] = []
     key = shape.name
     watch.lap("inputs")
 
@@ -1058,11 +1076,30 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
         return [a for sh in shares[t] for a in sh.arenas.values()]
 
     try:
-        per_call = {t: float(ask(t, {"op": "bench_prepare", "sets": [sh.spec() for sh in shares[t]]},
-                                 opts.limits.first_call, arenas_of(t))["per_call_us"]) for t in workers}
+        per_call = {t: ask(t, {"op": "bench_prepare", "sets": [sh.spec() for sh in shares[t]]},
+                           opts.limits.first_call, arenas_of(t)).get("per_call_us") for t in workers}
+        for t, estimate in per_call.items():
+            if not _in_range(estimate, 0, 1e9):
+                if t == "baseline":
+                    raise BaselineFailure(f"the baseline's trial graph on {key} gave a per-call time of {estimate!r}")
+                fail("runtime_error", {"error": f"the submission's trial graph reported a per-call time of "
+                                                f"{str(estimate)[:40]}: not a time, so the timings cannot be trusted"})
+                raise _Abort
         # The parent, not a worker, fixes the calls per replay and the replays per block, so the only
         # thing a worker reports is each replay's duration, and the parent's clock bounds their sum.
-        calls = {t: timing.choose_calls(per_call[t], n_sets) for t in workers}
+        # Each call has an input set of its own, so every call of a timed graph leaves an output that is
+        # read and judged: no call can skip its work behind another's answer.
+        calls = {t: timing.choose_calls(per_call[t], least, most) for t in workers}
+        watch.lap("prepare")
+        sets += [ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, r), device)
+                 for r in range(len(sets), max(calls.values()))]
+        for t in workers:
+            shares[t] += [transport.share(s) for s in sets[len(shares[t]):calls[t]]]
+        del sets[calls["submission"]:]  # the parent's pristine copies: of the submission's sets only
+        expecteds = [_expected(problem, s) for s in sets]
+        out_nbytes = expecteds[0]["output"].numel() * getattr(ref_mod, "OUTPUT_DTYPE", torch.bfloat16).itemsize
+        outs += [transport.output_buffer(out_nbytes, device) for _ in sets]
+        watch.lap("inputs")
         # Replays per block: about 10 ms of them (timing.replays_per_round), so each block is long next
         # to the request around it and short next to the GPU's slow swings.
         replays = {t: timing.replays_per_round(per_call[t] * calls[t]) for t in workers}
@@ -1071,8 +1108,8 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
             # predict, so a submission that counts its captures cannot behave only when checked.
             order = ["timed", "cross"]
             secrets.SystemRandom().shuffle(order)
-            ask(t, {"op": "bench_capture", "calls": calls[t], "order": order, "flush_bytes": 4 * cache},
-                opts.limits.first_call)
+            ask(t, {"op": "bench_capture", "calls": calls[t], "order": order, "flush_bytes": 4 * cache,
+                    "sets": [sh.spec() for sh in shares[t]]}, opts.limits.first_call, arenas_of(t))
         watch.lap("prepare")
         clocks = timing.Clocks(torch.cuda.current_device()) if device == "cuda" else None
         persisting = 0
@@ -1111,14 +1148,55 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
             for t in workers:
                 block(t)
         watch.lap("settle")
+        mine = shares["submission"]
+        checked = 0
+
+        def poison(buffers: list[transport.Arena]) -> None:
+            for o in buffers:
+                o.flat.fill_(0xFF)  # NaN in every floating dtype
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        def checked_block() -> str | None:
+            """A block of the submission's like every other (the same request, graph and buffers), after the
+            parent has written new values into every one of its input sets; then every call's output is
+            read from the parent's buffers and judged. The worker cannot tell it from a timed block but by
+            the content, which the cross-check prices (`_judge_fresh_content`)."""
+            nonlocal checked
+            checked += 1
+            for r, shared in enumerate(mine):
+                values = ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, checked * 10_000 + r), device)
+                for name, value in values.items():
+                    if isinstance(value, torch.Tensor):
+                        shared.views[name].copy_(value)
+                sets[r], expecteds[r] = values, _expected(problem, values)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            block("submission")  # its samples are not kept: the parent's writes have just passed through the cache
+            # Poisoned only now: during the block the output buffers (which the worker maps) hold what they held
+            # during every other block, the last outputs read.
+            poison(outs)
+            reply = child.request({"op": "bench_outputs", "key": key, "outputs": [o.id for o in outs]},
+                                  opts.limits.call, outs)
+            return _judge_sets(problem, reply, outs, mine, sets, expecteds,
+                               f"a timed block on fresh inputs (#{checked})")
+
         samples: dict[str, list[float]] = {t: [] for t in workers}
         wall_us = {t: 0.0 for t in workers}
         reported_us = {t: 0.0 for t in workers}
         phase_start = time.monotonic()
         phase_end = phase_start + opts.max_timing_seconds
         rounds = 0
-        while True:
+        why = None
+        draw = secrets.SystemRandom()
+        round_s = sum(replays[t] * calls[t] * per_call[t] for t in workers) * 1e-6
+        chance = min(0.2, CHECKED_BLOCKS * round_s / max(opts.min_timing_seconds, round_s))
+        while why is None:
             for t in (("baseline", "submission") if rounds % 2 == 0 else ("submission", "baseline")):
+                if t == "submission" and draw.random() < chance:
+                    why = checked_block()  # besides the round's timed block, which it does not replace
+                    if why is not None:
+                        break
                 got, wall = block(t)
                 samples[t].extend(got)
                 wall_us[t] += wall * 1e6
@@ -1136,9 +1214,9 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
         # trusted) measures that overhead per block in the same run, and the submission's blocks may
         # leave no more than UNEXPLAINED of their wall time unaccounted beyond it: judged in
         # `_baseline_alone`, once the baseline's overhead has also been measured with the submission gone.
-        accounted = {t: reported_us[t] / wall_us[t] for t in workers}
+        accounted = {t: reported_us[t] / wall_us[t] if wall_us[t] else 0.0 for t in workers}
         untrusted = None  # judged after the outputs: a graph that computes nothing is told as such first
-        if device == "cuda":  # a CPU's samples are the parent's own (cpu_sample): nothing reported to bound
+        if device == "cuda" and why is None:  # a CPU's samples are the parent's own (cpu_sample): nothing to bound
             for t in workers:
                 if not (opts.min_accounted <= accounted[t] <= 1.02):
                     message = (f"the {t}'s timed blocks reported {reported_us[t] / 1e3:.1f} ms of GPU time in "
@@ -1154,32 +1232,28 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
             doc["flags"].append({"code": "persisting_l2", "message": f"{key}: the submission reserved "
                                  f"{persisting >> 20} MiB of persisting L2; it was reset before every "
                                  "timed block, and the result is held for review", "line": None})
-        # After timing: what the timed graph left for every set, in the parent's buffers; then the
-        # cross-check, which gives every call new content; then fresh values that the parent writes
-        # into the graph's input buffers itself, one replay, and the outputs again.
-        mine = shares["submission"]
-        reply = child.request({"op": "bench_outputs", "key": key, "outputs": [o.id for o in outs]},
-                              opts.limits.call, outs)
-        why = _judge_sets(problem, reply, outs, mine, sets, expecteds, "after timing")
+        # After timing: what the last timed block left for every call, in the parent's buffers; then one
+        # more checked block on fresh inputs (besides those drawn during sampling); then the cross-check,
+        # which gives every call new content.
+        if why is None:
+            poison(outs)  # what a checked block left there must not pass for this read's answers
+            reply = child.request({"op": "bench_outputs", "key": key, "outputs": [o.id for o in outs]},
+                                  opts.limits.call, outs)
+            why = _judge_sets(problem, reply, outs, mine, sets, expecteds, "after timing")
+        if why is None:
+            why = checked_block()
         cross: dict[str, float] = {}
         if why is None:
             for t in workers:
-                cross[t] = float(ask(t, {"op": "bench_crosscheck", "repeats": CROSS_REPEATS[device],
-                                         "seconds": CROSS_SECONDS[device]}, opts.limits.call)["per_call_us"])
-            fresh = [ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, 1000 + r), device) for r in range(n_sets)]
-            for shared, values in zip(mine, fresh):
-                for name, value in values.items():
-                    if isinstance(value, torch.Tensor):
-                        shared.views[name].copy_(value)
-            for o in outs:
-                o.flat.fill_(0xFF)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            reply = child.request({"op": "bench_outputs", "key": key, "outputs": [o.id for o in outs], "replay": True},
-                                  opts.limits.call)
-            why = _judge_sets(problem, reply, outs, mine, fresh, [_expected(problem, s) for s in fresh],
-                              "graph replayed on fresh inputs")
-            del fresh
+                got = ask(t, {"op": "bench_crosscheck", "repeats": CROSS_REPEATS[device],
+                              "seconds": CROSS_SECONDS[device]}, opts.limits.call).get("per_call_us")
+                if not _in_range(got, -1e9, 1e9):  # a difference of two medians: may be below zero
+                    if t == "baseline":
+                        raise BaselineFailure(f"the baseline's cross-check on {key} gave {got!r}")
+                    fail("runtime_error", {"error": f"the submission's cross-check reported {str(got)[:40]}: not "
+                                                    "a time, so the timings cannot be trusted"})
+                    raise _Abort
+                cross[t] = float(got)
         ask("submission", {"op": "bench_release", "keys": [key]}, opts.limits.call)
         watch.lap("checks")
     except _Abort:  # the verdict is recorded already
@@ -1209,7 +1283,8 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
         "floor": ref_mod.floor(shape),
         "clocks": clocks.summary() if clocks is not None else None,
         "calls_per_replay": calls,
-        "input_sets": n_sets,
+        "input_sets": {t: len(shares[t]) for t in workers},
+        "checked_blocks": checked,
         "converged": converged,
         "wall_accounted": accounted,
         **({"worker_claimed_us": {t: statistics.median(v) for t, v in claimed.items() if v},

@@ -8,8 +8,10 @@ by the CPU test suite (the timings themselves are unofficial there).
 - R distinct input sets whose total size is >= 20x the L2 (the spec's minimum is 5x; R >= 2): every
   call reads cold data, no zero-write flush leaves dirty lines to be written back during the kernel,
   and the inputs span enough pages that where they land in memory averages out.
-- One CUDA graph that calls the function k times, cycling over the sets; k makes one replay last
-  about 1 ms (at most 256 calls). One sample = one replay between two events, divided by k.
+- One CUDA graph that calls the function k times, each call on an input set of its own (k = R, so
+  every call of a timed graph leaves an output that the parent reads and checks); k makes one replay
+  last about 1 ms (at most 256 calls, at least the R above, within a memory cap). One sample = one
+  replay between two events, divided by k.
 - 1.5 s of discarded replays first, then baseline and submission sampled in alternating blocks until
   the 95% interval of each median is within +-0.5% and at least 2 s have passed (at least 50
   samples each, at most 10 s).
@@ -29,7 +31,6 @@ import torch
 
 TARGET_REPLAY_S = 1e-3
 MAX_CALLS_PER_GRAPH = 256
-MAX_SETS = 64
 MIN_SAMPLES = 50
 BLOCK = 10
 BLOCK_S = BLOCK * TARGET_REPLAY_S
@@ -121,7 +122,7 @@ class Clocks:
 class Graph:
     graph: Any  # torch.cuda.CUDAGraph, or EagerGraph on a CPU
     calls: int
-    outputs: dict[int, Any] = field(default_factory=dict)  # set index -> output of its last call
+    outputs: dict[int, Any] = field(default_factory=dict)  # set index -> output of its last call (k = R: its only one)
 
 
 class EagerGraph:
@@ -189,15 +190,19 @@ def replays_per_round(replay_us: float) -> int:
     return max(1, min(MAX_BLOCK_REPLAYS, round(BLOCK_S * 1e6 / max(replay_us, 1e-3))))
 
 
-def rotation_sets(inputs: dict[str, Any], l2_bytes: int, multiple: float, most: int = MAX_SETS) -> int:
-    """R, the input sets a timed graph cycles over: enough that together they fill `multiple` times
+def set_bytes(inputs: dict[str, Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+
+
+def rotation_sets(inputs: dict[str, Any], l2_bytes: int, multiple: float, most: int = MAX_CALLS_PER_GRAPH) -> int:
+    """The fewest input sets a timed graph may have: enough that together they fill `multiple` times
     the L2, at least 2, at most `most`."""
-    nbytes = sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
-    return max(2, min(most, math.ceil(multiple * l2_bytes / max(1, nbytes))))
+    return max(2, min(most, math.ceil(multiple * l2_bytes / max(1, set_bytes(inputs)))))
 
 
-def choose_calls(per_call_us: float, n_sets: int) -> int:
-    """k so that one replay lasts about 1 ms, a multiple of the number of sets, at most 256."""
-    k = max(n_sets, math.ceil(TARGET_REPLAY_S * 1e6 / max(per_call_us, 1e-3)))
-    k = math.ceil(k / n_sets) * n_sets
-    return max(n_sets, min(k, (MAX_CALLS_PER_GRAPH // n_sets) * n_sets))
+def choose_calls(per_call_us: float, least: int, most: int = MAX_CALLS_PER_GRAPH) -> int:
+    """k, the calls of one timed graph and its input sets alike (one set a call): one replay lasts about
+    1 ms, with at least `least` calls (the sets that fill the L2 multiple) and at most `most` (the
+    graph's and the memory's cap)."""
+    k = math.ceil(TARGET_REPLAY_S * 1e6 / max(per_call_us, 1e-3))
+    return max(2, least, min(k, most, MAX_CALLS_PER_GRAPH))

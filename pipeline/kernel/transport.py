@@ -385,9 +385,12 @@ def read_output(arena: Arena, claim: Any) -> torch.Tensor | str:
     for d in shape:
         numel *= d
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes > arena.nbytes or claim.get("too_large"):
+    if nbytes > arena.nbytes:
         # Not copied: the shape and dtype alone say what is wrong with it (a tensor without storage).
         return torch.empty(shape, dtype=dtype, device="meta")
+    if claim.get("too_large"):
+        return (f"the worker said its output ({claim.get('dtype')}, shape {shape}) did not fit a buffer it fits: "
+                "nothing was handed back")
     return arena.view(0, dtype, shape)
 
 

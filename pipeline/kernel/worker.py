@@ -190,13 +190,14 @@ class Worker:
         return {"ok": True}
 
     def _poison(self, nbytes: int) -> None:
-        # Fill the blocks the allocator will hand out next with NaN, so a submission that returns
-        # uninitialised memory cannot pass on what an earlier call left there.
+        # Fill the blocks the allocator will hand out next with bytes drawn afresh for every call, so a
+        # submission that returns uninitialised memory cannot pass on what an earlier call left there,
+        # and cannot tell a checked call by a fixed filler (NaN, say) in what it allocates.
         if nbytes <= 0:
             return
         n = max(1, math.ceil(nbytes / 4))
-        blocks = [torch.full((n,), float("nan"), dtype=torch.float32, device=self.device) for _ in range(4)]
-        blocks.append(torch.full((2 * n,), float("nan"), dtype=torch.float32, device=self.device))
+        blocks = [torch.randint(-2**31, 2**31 - 1, (m,), dtype=torch.int32, device=self.device)
+                  for m in (n, n, n, n, 2 * n)]
         self.sync()
         del blocks
 
@@ -254,6 +255,8 @@ class Worker:
         fresh-content cross-check's graphs, in the order the parent chose (so a submission cannot
         tell by counting its captures which graph is the one that is timed)."""
         bench = self.benches[req["key"]]
+        if "sets" in req:  # the parent's final sets: one a call of the timed graph
+            bench.sets = [self.buffers.unpack(s) for s in req["sets"]]
         flush_buf = torch.empty(int(req["flush_bytes"]) // 4, dtype=torch.float32, device=self.device).normal_()
         sink = torch.empty((), dtype=torch.float32, device=self.device)
 
@@ -286,12 +289,9 @@ class Worker:
         return {"ok": True, "samples_us": samples, "persisting_l2_bytes": carve_out or 0}
 
     def bench_outputs(self, req: dict) -> dict:
-        """Copy what the timed graph left for each input set into the parent's buffers; with `replay`,
-        replay it once first (the parent has written fresh values into the input sets)."""
+        """Copy what the last timed replay left for each call (one input set a call) into the parent's
+        buffers."""
         bench = self.benches[req["key"]]
-        if req.get("replay"):
-            bench.timed.graph.replay()
-            self.sync()
         claims = [self._hand_back(bench.timed.outputs.get(r), arena) for r, arena in enumerate(req["outputs"])]
         self.sync()
         return {"ok": True, "outputs": claims}
