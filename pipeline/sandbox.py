@@ -284,6 +284,18 @@ def _launcher_main(spec: dict) -> int:
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    if spec.get("cgroup_procs"):
+        # First of all, the sandbox's own memory cgroup: everything it starts, and every page it writes to its
+        # tmpfs, is charged there, so the kernel's OOM killer picks within the sandbox, never the evaluator.
+        try:
+            fd = os.open(spec["cgroup_procs"], os.O_WRONLY)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            _report(report, "error", "cgroup", exc.errno or 0, f"joining its memory cgroup: {exc.strerror}")
+            return EXIT_SETUP
     try:
         libc.unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
     except OSError as exc:
@@ -708,6 +720,7 @@ SANDBOX_LIMITS = {
     "core": ("bytes", 0, "core"),
     "scratch": ("bytes", 16 << 30, "scratch_bytes"),
     "shm": ("bytes", 256 << 20, "shm_bytes"),
+    "group_memory": ("bytes", 48 << 30, "group_memory"),
 }
 
 
@@ -737,6 +750,8 @@ class Limits:
     # it, the runner's cgroup does.
     scratch_bytes: int = _CONFIGURED["scratch_bytes"]
     shm_bytes: int = _CONFIGURED["shm_bytes"]  # the fresh /dev/shm
+    # All the sandbox's memory, its tmpfs pages included, in a memory cgroup of its own (where the host has one)
+    group_memory: int = _CONFIGURED["group_memory"]
 
 
 @dataclass
@@ -779,6 +794,7 @@ def _applied_limits(limits: Limits, device: str, own_uid: bool) -> dict:
         "cpu_memory": limits.cpu_memory if "RLIMIT_DATA" in applied else None,
         "scratch_bytes": limits.scratch_bytes if own_uid else None,
         "shm_bytes": limits.shm_bytes if own_uid else None,
+        "group_memory": None,  # set by the sandbox once its cgroup exists
     }
 
 
@@ -1030,6 +1046,93 @@ def _claim_id() -> int:
     raise SandboxError("no free uid found in the sandbox range")
 
 
+# ---- the sandbox's memory: a cgroup of its own ----
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class MemoryGroup:
+    """A memory cgroup made for one sandbox (v2, or v1's memory controller), under this process's own: the
+    sandbox's launcher joins it before anything else, so its processes and the pages they write to its
+    tmpfs are charged there, and the OOM killer's victim is in the sandbox."""
+
+    def __init__(self, path: Path, version: int, limit: int):
+        self.path, self.version, self.limit = path, version, limit
+
+    @classmethod
+    def create(cls, limit: int) -> tuple["MemoryGroup | None", str | None]:
+        """(the group, None), or (None, why there is none on this host)."""
+        try:
+            lines = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError as exc:
+            return None, f"/proc/self/cgroup: {exc.strerror}"
+        name = f"muse-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
+        own = {f[1]: f[2] for f in (line.split(":", 2) for line in lines) if len(f) == 3}
+        if (CGROUP_ROOT / "cgroup.controllers").is_file() and "" in own:
+            parent = CGROUP_ROOT / own[""].lstrip("/")
+            control = parent / "cgroup.subtree_control"
+            try:
+                if "memory" not in control.read_text().split():
+                    control.write_text("+memory")
+            except OSError as exc:
+                return None, (f"cgroup v2: the memory controller is not enabled below {parent} ({exc.strerror}); "
+                              "docs/RUNBOOK.md says how to delegate it")
+            files = [("memory.max", limit), ("memory.swap.max", 0)]
+            version = 2
+        elif "memory" in {c for k in own for c in k.split(",")}:
+            key = next(k for k in own if "memory" in k.split(","))
+            parent = CGROUP_ROOT / "memory" / own[key].lstrip("/")
+            files = [("memory.limit_in_bytes", limit), ("memory.memsw.limit_in_bytes", limit)]
+            version = 1
+        else:
+            return None, "no memory cgroup on this host"
+        path = parent / name
+        try:
+            path.mkdir()
+        except OSError as exc:
+            return None, f"cgroup v{version}: cannot make {path} ({exc.strerror})"
+        group = cls(path, version, limit)
+        for file, value in files:
+            try:
+                (path / file).write_text(str(value))
+            except FileNotFoundError:
+                continue  # no swap accounting on this host: nothing to bound there
+            except OSError as exc:
+                group.remove()
+                return None, f"cgroup v{version}: cannot set {file} ({exc.strerror})"
+        return group, None
+
+    @property
+    def procs(self) -> str:
+        return str(self.path / "cgroup.procs")
+
+    def oom_kills(self) -> int:
+        """Processes of the group the kernel's OOM killer has killed."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            for line in (self.path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+        except OSError:
+            pass
+        return 0
+
+    def remove(self) -> None:
+        """Remove the group once it is empty (its last processes may take a moment to leave it)."""
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+
+
 # ---- can we isolate? ----
 
 _AVAILABILITY: tuple[bool, str | None] | None = None
@@ -1171,6 +1274,9 @@ class Sandbox:
         self._pidns: str | None = None
         self._plan: dict | None = None
         self._done = False
+        self.memory: MemoryGroup | None = None
+        self.memory_reason: str | None = None
+        self.oom_kills = 0
         if policy.isolate is False:
             ok, why = False, "isolation disabled by policy (isolate=False)"
         elif _probing:
@@ -1196,12 +1302,14 @@ class Sandbox:
     def _start_isolated(self, argv, readable, env, pass_fds, stdout, stderr, cwd_scratch, hidden) -> None:
         self._plan = plan(readable, env, self.device, hidden)
         self.uid = self.gid = _claim_id()
+        self.memory, self.memory_reason = MemoryGroup.create(self.policy.limits.group_memory)
         spec = {
             "argv": argv, "env": dict(env), "uid": self.uid, "gid": self.gid,
             "pass_fds": list(pass_fds), "ops": [tuple(s) for s in self._plan["steps"]],
             "devices": self._plan["devices"], "rlimits": _rlimits(self.policy.limits, self.device, True),
             "scratch_bytes": self.policy.limits.scratch_bytes, "shm_bytes": self.policy.limits.shm_bytes,
             "cwd": SCRATCH if cwd_scratch else "/", "loopback": self.loopback,
+            "cgroup_procs": self.memory.procs if self.memory else None,
         }
         rep_r, rep_w = os.pipe()
         life_r, self._lifeline = os.pipe()  # the write end stays here, in this process only
@@ -1435,6 +1543,9 @@ class Sandbox:
         if self.uid is not None:
             with _CLAIM_LOCK:
                 _CLAIMED.discard(self.uid)
+        if self.memory is not None:
+            self.oom_kills = self.memory.oom_kills()
+            self.memory.remove()
 
     def close(self) -> None:
         """kill(), then drop what is left on the host (the plain scratch folder)."""
@@ -1445,13 +1556,17 @@ class Sandbox:
     def describe(self) -> dict:
         """The sandbox as the result document records it."""
         limits = _applied_limits(self.policy.limits, self.device, self.isolated)
+        if self.memory is not None:
+            limits["group_memory"] = self.memory.limit
         if self.isolated:
             return {"isolation": "namespaces", "uid": self.uid, "gid": self.gid, "reason": None,
                     "namespaces": ["pid", "network", "mount", "ipc"], "limits": limits,
                     "network": "own loopback up" if self.loopback else "own loopback down",
                     "seccomp": "no user namespaces, no keyrings" if os.uname().machine in SECCOMP else None,
                     "scratch": str(self.scratch), "readable": self._plan["readable"],
-                    "warnings": self._plan["warnings"]}
+                    "memory_cgroup": f"v{self.memory.version}" if self.memory else None,
+                    "warnings": self._plan["warnings"] + ([f"memory not capped in a cgroup: {self.memory_reason}"]
+                                                          if self.memory is None else [])}
         return {"isolation": "none", "uid": os.geteuid(), "gid": os.getegid(), "reason": self.reason,
                 "namespaces": [], "limits": limits, "network": "the host's", "seccomp": None,
                 "scratch": str(self.scratch), "readable": None, "warnings": []}

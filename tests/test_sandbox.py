@@ -535,7 +535,8 @@ def test_every_limit_is_set_inside(isolated):
                    "RLIMIT_NPROC": [50, 50], "RLIMIT_CPU": [77, 78], "RLIMIT_DATA": [1 << 30] * 2}
     assert sb.describe()["limits"] == {"core": 4096, "file_size": 5 << 20, "open_files": 100, "cpu_seconds": 77,
                                        "processes": 50, "cpu_memory": 1 << 30,
-                                       "scratch_bytes": Limits().scratch_bytes, "shm_bytes": Limits().shm_bytes}
+                                       "scratch_bytes": Limits().scratch_bytes, "shm_bytes": Limits().shm_bytes,
+                                       "group_memory": Limits().group_memory}  # its cgroup: test_sandbox_exploits
 
 
 def test_processes_limit_stops_forking_and_the_host_is_unaffected(isolated):

@@ -39,6 +39,18 @@ def test_honest_kernels_raise_no_flag(path):
         ("import torch\nsetattr(torch, 'mm', None)\n", "monkeypatch", 2),
         ("import operator, torch\ns = operator.attrgetter('cuda.Stream')(torch)()\n", "introspection", 2),
         ("import torch\nk = torch.load('k.pt', weights_only=False)\n", "introspection", 2),
+        # the same categories under other names: the sys module reached through os, the os module under its
+        # platform name, files opened through io, frames walked through traceback, getattr passed as a value
+        ("import os\nm = os.sys.modules\n", "introspection", 2),
+        ("import os\nf = os.sys._getframe(1)\n", "introspection", 2),
+        ("import posix\nkey = posix.environ[b'KEY']\n", "environment", 2),
+        ("from posix import system\nsystem('ls')\n", "subprocess", 1),
+        ("import io\ntext = io.open('/etc/hostname').read()\n", "files", 2),
+        ("import _io\ntext = _io.open('/etc/hostname').read()\n", "files", 2),
+        ("import codecs\ntext = codecs.open('/etc/hostname').read()\n", "files", 2),
+        ("import pathlib\ntext = pathlib.Path('/etc/hostname').read_text()\n", "files", 2),
+        ("import traceback\nfor frame, _ in traceback.walk_stack(None):\n    pass\n", "introspection", 2),
+        ("import torch\nfns = list(map(getattr, [torch] * 2, ['mm', 'bmm']))\n", "introspection", 2),
     ],
 )
 def test_suspicious_code_is_flagged_at_its_line(source, code, line):

@@ -142,6 +142,47 @@ def _resolved(opts: Options, device: str) -> Options:
 WORKER_STATUSES = ("compile_error", "runtime_error")
 
 
+def _text(value: Any) -> str:
+    """A field of a worker's reply that the result shows as text: a string as it is, anything else as its JSON."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)[:MAX_REPLY_BYTES]
+    except (TypeError, ValueError, RecursionError):
+        return repr(type(value))
+
+
+def _where(value: Any) -> dict[str, Any] | None:
+    """The submission's line a worker's reply points at, with each field of the type the result holds; None when
+    it is no such thing."""
+    if not isinstance(value, dict):
+        return None
+    line = value.get("line")
+    return {"file": _text(value.get("file") or ""),
+            "line": line if type(line) is int and 0 <= line <= 10**9 else None,
+            "function": None if value.get("function") is None else _text(value.get("function")),
+            "code": _text(value.get("code") or "")}
+
+
+def record_failure(doc: dict[str, Any], status: str, reply: Any, shape: str | None, log_tail: str) -> None:
+    """The document's status and error for a failure a worker's reply describes. The reply is the submission's to
+    write (its process can rewrite its worker): every field is typed here and every text bounded by `_finish`, so
+    no reply can make the result invalid."""
+    reply = reply if isinstance(reply, dict) else {}
+    if status in WORKER_STATUSES:
+        # A missing toolchain or a failed build, told in the competitor's terms (what the runner has).
+        told = toolchains.explain(reply, doc["environment"]["toolchains"])
+        reply, status = told, worker_status(told, status)
+    doc["status"] = status
+    doc["error"] = {
+        "message": _text(reply.get("error") or status),
+        "shape": shape,
+        "where": _where(reply.get("where")),
+        "traceback": _text(reply.get("traceback", "")),
+        "log_tail": log_tail,
+    }
+
+
 def worker_status(reply: dict[str, Any], default: str) -> str:
     status = reply.get("status")
     return status if status in WORKER_STATUSES else default
@@ -307,6 +348,10 @@ class Child:
             name = signal.Signals(-code).name
             meaning = SIGNAL_MEANING.get(name, "").format(cpu_seconds=self.limits.cpu_seconds,
                                                           file_size=self.limits.file_size)
+            if name == "SIGKILL" and getattr(self.box, "oom_kills", 0):
+                meaning = (f"the kernel's OOM killer: its sandbox used all of its {self.limits.group_memory >> 20} MiB "
+                           "of memory, what it wrote to /tmp and /dev/shm included (competition.toml [limits.sandbox] "
+                           "group_memory)")
             why = (f"the {self.role}'s process was killed by {name}{phase}" + (f" ({meaning})" if meaning else "")
                    + f"; to see where, {ADVICE}")
         else:
@@ -618,18 +663,7 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
             opts.phase(what)
 
     def fail(status: str, reply: dict[str, Any]) -> None:
-        if status in WORKER_STATUSES:
-            # A missing toolchain or a failed build, told in the competitor's terms (what the runner has).
-            told = toolchains.explain(reply, doc["environment"]["toolchains"])
-            reply, status = told, worker_status(told, status)
-        doc["status"] = status
-        doc["error"] = {
-            "message": reply.get("error") or status,
-            "shape": current_shape,
-            "where": reply.get("where"),
-            "traceback": reply.get("traceback", ""),
-            "log_tail": child.log_tail(),
-        }
+        record_failure(doc, status, reply, current_shape, child.log_tail())
 
     try:
         begin("loading the submission (imports, module-level compiles)")
@@ -1194,9 +1228,13 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
         while why is None:
             for t in (("baseline", "submission") if rounds % 2 == 0 else ("submission", "baseline")):
                 if t == "submission" and draw.random() < chance:
+                    t_check = time.monotonic()
                     why = checked_block()  # besides the round's timed block, which it does not replace
                     if why is not None:
                         break
+                    spent = time.monotonic() - t_check  # the sampling's own minimum and limit are not spent on it
+                    phase_start += spent
+                    phase_end += spent
                 got, wall = block(t)
                 samples[t].extend(got)
                 wall_us[t] += wall * 1e6

@@ -109,7 +109,18 @@ _ATTRS = {
     "os.setpgid": ("process", "leaves its process group"),
     "os._exit": ("process", "exits the process without cleanup"),
     "sys.exit": ("process", "exits the process"),
+    "os.open": ("files", "opens files"),
+    "io.open": ("files", "opens files"),
+    "io.FileIO": ("files", "opens files"),
+    "codecs.open": ("files", "opens files"),
+    "pathlib.Path": ("files", "reaches files through pathlib"),
+    "pathlib.PosixPath": ("files", "reaches files through pathlib"),
+    **{f"traceback.{f}": ("introspection", "walks interpreter frames")
+       for f in ("walk_stack", "walk_tb", "extract_stack", "StackSummary", "FrameSummary", "TracebackException")},
 }
+# Other names of the same modules: the os module under its platform's name, the sys module that os
+# imports, io's C implementation. A path is checked under its canonical name.
+_CANONICAL = {"posix": "os", "nt": "os", "os.sys": "sys", "_io": "io", "_posixsubprocess": "subprocess"}
 # builtins, flagged wherever they are named (called, or passed around as a value)
 _NAMES = {
     "globals": ("introspection", "reads module globals"),
@@ -286,6 +297,7 @@ def _tree_flags(tree: ast.AST, add) -> None:
                 return None
 
     def check_module(module: str, line: int, what: str) -> None:
+        module = _canonical(module)
         root = module.split(".")[0]
         if root in _IMPORTS:
             code, why = _IMPORTS[root]
@@ -293,6 +305,7 @@ def _tree_flags(tree: ast.AST, add) -> None:
         check_attr(module, line)
 
     def check_attr(full: str, line: int) -> None:
+        full = _canonical(full)
         for key, (code, why) in _ATTRS.items():
             if full == key or full.startswith(key + "."):
                 add(code, why, line, full)
@@ -338,8 +351,13 @@ def _tree_flags(tree: ast.AST, add) -> None:
         if aliases == before:
             break
 
+    callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         line = getattr(node, "lineno", None)
+        if (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in callees
+                and (resolve(node.id) or node.id) in ("getattr", "builtins.getattr")):
+            add("introspection", "passes getattr around as a value (attributes reached by names it is given)", line,
+                "getattr")
         if isinstance(node, (ast.Attribute, ast.Name, ast.Call)):
             full = dotted(node)
             if full:
@@ -391,6 +409,15 @@ def _tree_flags(tree: ast.AST, add) -> None:
             full = dotted(node.value)
             if full and full.split(".")[0] in _PATCHABLE_ROOTS and full.split(".")[0] != "os":
                 add("monkeypatch", "writes into a library's table", line, full + "[...]")
+
+
+def _canonical(path: str) -> str:
+    """`path` under the name its module is flagged by (`posix.environ` -> `os.environ`, `os.sys.modules` ->
+    `sys.modules`), the longest alias first."""
+    for alias in sorted(_CANONICAL, key=len, reverse=True):
+        if path == alias or path.startswith(alias + "."):
+            return _CANONICAL[alias] + path[len(alias):]
+    return path
 
 
 def _called(node: ast.Call) -> str | None:

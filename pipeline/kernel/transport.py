@@ -376,7 +376,8 @@ def read_output(arena: Arena, claim: Any) -> torch.Tensor | str:
     the parent's buffer. A claim that is malformed or does not fit is a message, never a crash."""
     if not isinstance(claim, dict):
         return "the worker reported no output"
-    dtype, shape = DTYPES.get(claim.get("dtype")), claim.get("shape")
+    name, shape = claim.get("dtype"), claim.get("shape")
+    dtype = DTYPES.get(name) if isinstance(name, str) else None
     if dtype is None:
         return f"output dtype {claim.get('dtype')!r} is not allowed"
     if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < (1 << 40) for d in shape):
@@ -387,7 +388,10 @@ def read_output(arena: Arena, claim: Any) -> torch.Tensor | str:
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes > arena.nbytes:
         # Not copied: the shape and dtype alone say what is wrong with it (a tensor without storage).
-        return torch.empty(shape, dtype=dtype, device="meta")
+        try:
+            return torch.empty(shape, dtype=dtype, device="meta")
+        except RuntimeError:  # a shape whose size overflows even a tensor without storage
+            return f"output shape {shape} ({name}) is larger than any tensor"
     if claim.get("too_large"):
         return (f"the worker said its output ({claim.get('dtype')}, shape {shape}) did not fit a buffer it fits: "
                 "nothing was handed back")
