@@ -32,17 +32,21 @@ def nodeid(case: ET.Element) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("xml", nargs="+", type=Path)
+    p.add_argument("--into", type=Path, default=TARGET, help="the times' file (default tests/gpu_durations.json)")
     args = p.parse_args(argv)
-    known = json.loads(TARGET.read_text()) if TARGET.is_file() else {}
+    target = args.into.resolve()
+    known = json.loads(target.read_text()) if target.is_file() else {}
     found = 0
     for path in args.xml:
         for case in ET.parse(path).getroot().iter("testcase"):
-            if case.find("skipped") is not None:
+            # a skipped test took no time worth keeping; a nameless case is the one a SIGINT at the share's
+            # limit leaves (pytest's junit writes the interrupted test's stub without its name)
+            if case.find("skipped") is not None or not case.get("classname") or not case.get("name"):
                 continue
             known[nodeid(case)] = round(float(case.get("time", 0)), 2)
             found += 1
-    TARGET.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
-    print(f"{found} test times folded into {TARGET.relative_to(ROOT)} ({len(known)} in all, "
+    target.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
+    print(f"{found} test times folded into {target} ({len(known)} in all, "
           f"{sum(known.values()):.0f} s)", file=sys.stderr)
     return 0
 

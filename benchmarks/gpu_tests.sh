@@ -8,8 +8,10 @@
 # Logs, the junit XML (each test's time) and the summary go to $OUT (default /tmp/gpu-tests);
 # `python benchmarks/gpu_durations.py $OUT/*.xml` then folds the times into tests/gpu_durations.json.
 #   PACK=$OUT bash benchmarks/gpu_tests.sh 1/3      (a device call; LIMIT, default 560 s, bounds pytest)
+#   bash benchmarks/gpu_tests.sh 1/1 tests/test_problems.py::test_x ...   (named tests instead of a share)
 set -u
-share=${1:?usage: gpu_tests.sh K/N}
+share=${1:?usage: gpu_tests.sh K/N [test ids...]}
+shift
 OUT=${OUT:-/tmp/gpu-tests}
 mkdir -p "$OUT"
 tag=${share/\//-of-}
@@ -32,7 +34,7 @@ export PYTHONPATH=/root/site PYTHONUNBUFFERED=1
 } >> "$log" 2>&1
 # SIGINT at the limit: pytest stops as on Ctrl-C and still writes the junit XML of the tests that ran
 PATH="/root/tc-site/bin:$PATH" timeout -s INT -k 20 "${LIMIT:-560}" python3 -m pytest -m gpu -p no:cacheprovider -q -rA \
-  --durations=0 --shard "$share" --junitxml "$OUT/gpu-tests-$tag.xml" >> "$log" 2>&1
+  --durations=0 --shard "$share" --junitxml "$OUT/gpu-tests-$tag.xml" "$@" >> "$log" 2>&1
 rc=$?
 echo "== pytest exit $rc ($(date -u +%FT%TZ))" >> "$log"
 tail -n 40 "$log"

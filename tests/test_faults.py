@@ -143,7 +143,7 @@ def clean_cpu() -> dict:
     return doc
 
 
-CLEAN_GPU_RUNS = 5
+CLEAN_GPU_RUNS = 3
 
 
 def honest_gpu_run(out: Path) -> dict:

@@ -41,3 +41,23 @@ def test_the_gpu_suites_shares_are_consecutive_cover_everything_once_and_balance
     cost = [sum(times.get(it.nodeid, 10) for it in s) for s in shares]
     assert shares[0] == items[:1] and max(cost) <= 300, cost  # the 300 s test alone; the rest split
     assert shard(items, 1, 1, {}) == items
+
+
+def test_gpu_durations_folds_a_cut_shares_junit_xml_into_the_times_the_shares_are_cut_by(tmp_path):
+    """benchmarks/gpu_durations.py, as its docstring runs it, on the XML a share cut by SIGINT leaves (a nameless
+    testcase at the end) and a skipped test: the timed tests' node ids and seconds land in the file, nothing else."""
+    xml = tmp_path / "gpu-tests-1-of-3.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.exploits.test_exploits" name="test_a[x.py]" time="5.04" />'
+        '<testcase classname="tests.test_faults" name="test_b[GPU memory exhaustion]" time="251.53" />'
+        '<testcase classname="tests.test_suite" name="test_c" time="1.0"><skipped message="no" /></testcase>'
+        '<testcase time="0.002" /></testsuite></testsuites>')
+    target = tmp_path / "durations.json"
+    done = subprocess.run([sys.executable, "benchmarks/gpu_durations.py", str(xml), "--into", str(target)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    assert json.loads(target.read_text()) == {"tests/exploits/test_exploits.py::test_a[x.py]": 5.04,
+                                              "tests/test_faults.py::test_b[GPU memory exhaustion]": 251.53}
