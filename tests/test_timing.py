@@ -147,3 +147,20 @@ def test_rotation_sets_fill_the_multiple_of_l2_between_two_and_the_cap():
     assert timing.rotation_sets(one_mib, l2_bytes=mib, multiple=2.5) == 3  # rounded up: at least the multiple
     assert timing.rotation_sets({"w": torch.empty(16, dtype=torch.uint8)}, l2_bytes=mib, multiple=20) == timing.MAX_CALLS_PER_GRAPH
     assert timing.rotation_sets({"w": torch.empty(64 * mib, dtype=torch.uint8)}, l2_bytes=mib, multiple=20) == 2
+
+
+def test_the_sets_kept_over_an_evaluation_fit_the_gpu_whatever_its_workload_count():
+    """The baseline's sets of every workload are kept until its run alone: muse_prefill_layer's seven workloads of
+    1.7 GB sets (1,635-1,903 MiB on the full model) took four or five sets each at 8 GiB a workload, 47 GB kept
+    besides the submission's and the parent's, and an H100 ran out of memory. Over the evaluation they now stay
+    within TOTAL_SET_BYTES, or at the L2's least of two a workload (26 GiB here); a workload of small sets still
+    gets the calls its replay wants."""
+    from pipeline.kernel.evaluate import TOTAL_SET_BYTES, sets_at_most
+
+    prefill = 1903 << 20
+    assert sets_at_most(prefill, "cuda", 7, 2, timing.MAX_CALLS_PER_GRAPH) == 2
+    assert sets_at_most(prefill, "cuda", 3, 2, timing.MAX_CALLS_PER_GRAPH) == 4
+    assert TOTAL_SET_BYTES["cuda"] <= 32 << 30
+    assert sets_at_most(prefill, "cuda", 1, 2, timing.MAX_CALLS_PER_GRAPH) == 4  # alone: its 8 GiB
+    assert sets_at_most(64 << 30, "cuda", 7, 2, timing.MAX_CALLS_PER_GRAPH) == 2  # never under the L2's least
+    assert sets_at_most(1 << 20, "cuda", 7, 3, timing.MAX_CALLS_PER_GRAPH) == timing.MAX_CALLS_PER_GRAPH

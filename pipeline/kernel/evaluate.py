@@ -51,8 +51,12 @@ MAX_REPLY_BYTES = 1 << 20
 ENV_PASSTHROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LANG", "LC_ALL")
 CPU_CACHE_BYTES = 256 << 10  # a nominal cache for the CPU path's rotation and flush (CPU timings are unofficial)
 # The bytes of one target's input sets at most (the parent keeps a pristine copy and each target a shared one):
-# the sets of a timed graph, one a call, stop here even if a replay then lasts less than 1 ms.
+# the sets of a timed graph, one a call, stop here even if a replay then lasts less than 1 ms. SET_BYTES a
+# workload, and TOTAL_SET_BYTES over an evaluation's workloads: the baseline's sets of every workload are kept
+# until its run alone at the end (muse_prefill_layer's seven workloads of 1.7 GB sets, four or five a workload at
+# 8 GiB each, ran an H100 out of memory).
 SET_BYTES = {"cuda": 8 << 30, "cpu": 256 << 20}
+TOTAL_SET_BYTES = {"cuda": 24 << 30, "cpu": 1 << 30}
 CPU_LEAST_SETS = 4
 # About this many of the submission's timed blocks are checked ones, drawn at random (each block with the same
 # chance, at most 1 in 5), and one more after sampling: the parent writes new values into an eighth of its input
@@ -700,10 +704,11 @@ def evaluate(submission: Path, problem: Problem, options: Options | None = None)
                 raise BaselineFailure(f"the baseline of {problem.name} did not load: {reply.get('error')}\n"
                                    f"{reply.get('traceback', '')}\n{baseline.log_tail()}")
             kept: list[dict[str, Any]] = []
-            for shape in [s for s in shapes if s.kind == "workload"]:
+            timed_shapes = [s for s in shapes if s.kind == "workload"]
+            for shape in timed_shapes:
                 current_shape = shape.name
                 begin(f"timing {shape.name}")
-                timed = _bench_workload(child, baseline, problem, shape, opts, device, doc, fail)
+                timed = _bench_workload(child, baseline, problem, shape, opts, device, doc, fail, len(timed_shapes))
                 if timed is None:
                     break
                 kept.append(timed)
@@ -1074,9 +1079,17 @@ class _Abort(Exception):
     """The workload's timing ended with a verdict already recorded by `fail`."""
 
 
-def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dict[str, Any] | None:
-    """Time one workload, both targets in their own workers, and check what the submission's timed
-    graph computed. Returns what the baseline's run alone needs of it, or None when it failed."""
+def sets_at_most(set_bytes: int, device: str, workloads: int, least: int, max_sets: int) -> int:
+    """The most input sets (calls) a timed graph of one of `workloads` workloads may have: within the
+    workload's share of the evaluation's set bytes, never fewer than `least` (the L2 multiple's)."""
+    budget = min(SET_BYTES[device], TOTAL_SET_BYTES[device] // max(1, workloads))
+    return max(least, min(max_sets, budget // max(1, set_bytes)))
+
+
+def _bench_workload(child, base, problem, shape, opts, device, doc, fail, workloads: int) -> dict[str, Any] | None:
+    """Time one workload (of `workloads` timed in this evaluation), both targets in their own workers, and check
+    what the submission's timed graph computed. Returns what the baseline's run alone needs of it, or None when
+    it failed."""
     ref_mod = problem.reference
     watch = Stopwatch()
     cache = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else CPU_CACHE_BYTES
@@ -1084,7 +1097,7 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail) -> dic
     # At least the sets that fill the L2 multiple for the trial; then one set a call (`calls` below).
     # (On a CPU the cache is nominal and a call slow, an interpreted Triton kernel's 50 ms: at most 4 sets there.)
     least = timing.rotation_sets(first, cache, opts.l2_multiple, opts.max_sets if device == "cuda" else CPU_LEAST_SETS)
-    most = max(least, min(opts.max_sets, SET_BYTES[device] // max(1, timing.set_bytes(first))))
+    most = sets_at_most(timing.set_bytes(first), device, workloads, least, opts.max_sets)
     sets = [first] + [ref_mod.make_inputs(shape, _timing_seed(problem, shape, opts, r), device)
                       for r in range(1, least)]
     # Which target's buffers are allocated, warmed up and captured first is drawn per workload: with a
