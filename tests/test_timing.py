@@ -164,3 +164,23 @@ def test_the_sets_kept_over_an_evaluation_fit_the_gpu_whatever_its_workload_coun
     assert sets_at_most(prefill, "cuda", 1, 2, timing.MAX_CALLS_PER_GRAPH) == 4  # alone: its 8 GiB
     assert sets_at_most(64 << 30, "cuda", 7, 2, timing.MAX_CALLS_PER_GRAPH) == 2  # never under the L2's least
     assert sets_at_most(1 << 20, "cuda", 7, 3, timing.MAX_CALLS_PER_GRAPH) == timing.MAX_CALLS_PER_GRAPH
+
+
+def test_a_replay_fit_tells_work_in_every_replay_from_work_in_one_a_block():
+    """Blocks of drawn replay counts: an honest graph's wall time grows by a replay's claimed time per replay (ratio
+    near 1), one that works in the last replay only grows by almost nothing (near 0), and noise widens the upper
+    bound instead of condemning an honest run. One count or too few blocks: no fit."""
+    rng = random.Random(7)
+    draws = [timing.drawn_replays(10, rng) for _ in range(200)]
+    assert min(draws) == 3 and max(draws) == 17
+    assert {timing.drawn_replays(1, rng) for _ in range(50)} == {1, 2}
+    honest = [(n, 700 + 1000 * n + rng.gauss(0, 50), 1000 * n) for n in draws]
+    lazy = [(n, 700 + 1000 + 5 * n + rng.gauss(0, 50), 1000 + 5 * n) for n in draws]
+    noisy = [(n, 700 + 1000 * n + rng.gauss(0, 4000), 1000 * n) for n in draws[:20]]
+    fit = timing.replay_fit(honest)
+    assert fit["ratio"] == pytest.approx(1, abs=0.02) and fit["upper"] > 1
+    fit = timing.replay_fit(lazy)
+    assert fit["ratio"] < 0.1 and fit["upper"] < 0.5, fit
+    assert timing.replay_fit(noisy)["upper"] > 0.9
+    assert timing.replay_fit([(10, 1e4, 1e4)] * 50) is None
+    assert timing.replay_fit(honest[:7]) is None

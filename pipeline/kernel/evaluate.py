@@ -63,6 +63,11 @@ CPU_LEAST_SETS = 4
 # sets (at least 2) drawn at random first, and reads and judges every call's output after. New sets cost the parent
 # their reference outputs (a GB-sized MoE set tens of ms), so their number is bounded, not a share of the blocks.
 CHECKED_BLOCKS = 3
+# A submission's blocks must grow by about a replay's claimed time per added replay (`timing.replay_fit`): below
+# REPLAY_PROPORTION at the 95% upper bound its result is held for review, below REPLAY_UNTRUSTED its timings are
+# not believed (runtime_error). An honest graph's ratio is 1 within its noise.
+REPLAY_PROPORTION = 0.9
+REPLAY_UNTRUSTED = 0.5
 
 
 # [limits.wall_clock] key: (kind, built-in value); the spec's: compile and warm-up 180 s, 60 s per workload,
@@ -1165,18 +1170,19 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail, worklo
         round_trips: dict[str, list[float]] = {t: [] for t in workers}  # CPU: a request with nothing to time, us
         claimed: dict[str, list[float]] = {t: [] for t in workers}  # CPU: what each worker said, for the record
 
-        def block(t: str) -> tuple[list[float], float]:
-            """One block of one target, timed by the parent's own clock around the whole request. On a GPU the
-            samples are the worker's events, bounded by that clock; on a CPU the sample is that clock itself
-            (`cpu_sample`): nothing a worker reports is used there."""
+        def block(t: str, n: int | None = None) -> tuple[list[float], float]:
+            """One block of one target (`n` replays, its nominal count unless given), timed by the parent's own
+            clock around the whole request. On a GPU the samples are the worker's events, bounded by that clock;
+            on a CPU the sample is that clock itself (`cpu_sample`): nothing a worker reports is used there."""
             nonlocal persisting
+            n = replays[t] if n is None else n
             if clocks is not None:
                 clocks.sample()
             t0 = time.monotonic()
-            m = ask(t, {"op": "bench_measure", "replays": replays[t]}, opts.limits.call)
+            m = ask(t, {"op": "bench_measure", "replays": n}, opts.limits.call)
             wall = time.monotonic() - t0
             got = m.get("samples_us")
-            if not isinstance(got, list) or len(got) != replays[t] or not all(
+            if not isinstance(got, list) or len(got) != n or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9 for x in got):
                 fail("runtime_error", {"error": f"the {t}'s timed block returned malformed samples: "
                                                 "the timings cannot be trusted"})
@@ -1189,7 +1195,7 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail, worklo
             t1 = time.monotonic()
             ask(t, {"op": "bench_measure", "replays": 0}, opts.limits.call)
             round_trips[t].append((time.monotonic() - t1) * 1e6)
-            return [cpu_sample(wall * 1e6, round_trips, t, replays[t] * calls[t])], wall
+            return [cpu_sample(wall * 1e6, round_trips, t, n * calls[t])], wall
 
         # Let clocks and caches settle on this workload's graphs before any sample counts.
         settle_end = time.monotonic() + opts.settle_seconds
@@ -1235,6 +1241,7 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail, worklo
                                f"a timed block on fresh inputs (#{checked})")
 
         samples: dict[str, list[float]] = {t: [] for t in workers}
+        fits: dict[str, list[tuple[int, float, float]]] = {t: [] for t in workers}  # (replays, wall us, claimed us)
         wall_us = {t: 0.0 for t in workers}
         reported_us = {t: 0.0 for t in workers}
         phase_start = time.monotonic()
@@ -1256,7 +1263,12 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail, worklo
                     spent = time.monotonic() - t_check  # the sampling's own minimum and limit are not spent on it
                     phase_start += spent
                     phase_end += spent
-                got, wall = block(t)
+                # Each block's replays are drawn around the nominal count, so that its wall time can be
+                # fitted against them (`timing.replay_fit`): a graph that does its work in one replay of a
+                # block, the last one that is read, does not take a replay's time per replay.
+                n = timing.drawn_replays(replays[t], draw)
+                got, wall = block(t, n)
+                fits[t].append((n, wall * 1e6, sum(got) * calls[t] if device == "cuda" else got[0] * n * calls[t]))
                 samples[t].extend(got)
                 wall_us[t] += wall * 1e6
                 reported_us[t] += sum(got) * calls[t]
@@ -1286,6 +1298,28 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail, worklo
                         doc["flags"].append({"code": "baseline_accounting", "message": f"{key}: {message}", "line": None})
                     else:
                         untrusted = message
+        fit = {t: timing.replay_fit(fits[t]) for t in workers}
+        held, control = fit["submission"], fit["baseline"]
+        # Beside the bound, the point estimate against the baseline's in the same run (the control for the load):
+        # a replay that grows the wall time by under a quarter of its claim, where the baseline's grows by most of
+        # its own, is not noise (a CPU's bound is wide: one lazy graph's ratios 0.04-0.19, honest ones 0.75-1.1).
+        lazy = (held is not None and control is not None and held["blocks"] >= 20 and held["ratio"] < REPLAY_UNTRUSTED / 2
+                and control["ratio"] >= 0.75)
+        if why is None and untrusted is None and held is not None and (held["upper"] < REPLAY_PROPORTION or lazy):
+            message = (f"the submission's timed blocks grew by {held['slope_us']:.1f} us of the evaluator's wall time per "
+                       f"added replay, against the {held['claimed_us']:.1f} us a replay took by its own figures "
+                       f"({held['ratio']:.2f}x; at most {held['upper']:.2f}x at 95%, over {held['blocks']} blocks of a "
+                       "drawn number of replays): its graph does not do a replay's work in every replay")
+            if held["upper"] < REPLAY_UNTRUSTED or lazy:
+                untrusted = message + ", so the timings cannot be trusted"
+            elif device == "cuda":
+                doc["status"] = "needs_review"
+                doc["flags"].append({"code": "replay_proportion", "message": f"{key}: {message}; held for review",
+                                     "line": None})
+            else:
+                doc["flags"].append({"code": "timing_noise", "line": None, "message": (
+                    f"{key}: {message}, or the load of a shared CPU changed under it: these unofficial timings are "
+                    "noisy, nothing is held")})
         if persisting:
             doc["status"] = "needs_review"
             doc["flags"].append({"code": "persisting_l2", "message": f"{key}: the submission reserved "
@@ -1344,6 +1378,7 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail, worklo
         "calls_per_replay": calls,
         "input_sets": {t: len(shares[t]) for t in workers},
         "checked_blocks": checked,
+        "replay_fit": fit,
         "converged": converged,
         "wall_accounted": accounted,
         **({"worker_claimed_us": {t: statistics.median(v) for t, v in claimed.items() if v},

@@ -190,6 +190,41 @@ def replays_per_round(replay_us: float) -> int:
     return max(1, min(MAX_BLOCK_REPLAYS, round(BLOCK_S * 1e6 / max(replay_us, 1e-3))))
 
 
+def drawn_replays(nominal: int, draw: Any) -> int:
+    """A block's replays, drawn uniformly within three quarters of the nominal count either side (1-2 for a
+    nominal 1), so that no count is known in advance and the blocks' wall times can be fitted against them."""
+    spread = max(1, 3 * nominal // 4)
+    return draw.randint(max(1, nominal - spread), nominal + spread)
+
+
+def replay_fit(blocks: list[tuple[int, float, float]]) -> dict[str, float] | None:
+    """How a target's blocks' wall time grows with their replay count, against the time a replay is said to take.
+    `blocks`: (replays, the parent's wall time of the block, the time its replays claim: the events' sum on a GPU,
+    the parent's per-call sample times the calls on a CPU), in us. An honest graph does a replay's work in every
+    replay, so the wall time's slope over replays is the claimed time of one (`ratio` near 1); a graph that works
+    in one replay a block (the one whose outputs are read) and skips the rest grows by almost nothing per replay
+    (`ratio` near 0). The slope is Theil-Sen's (the median of the pairwise slopes: a block caught in a burst of
+    load moves it little) and `upper` the ratio's 95% upper bound by Sen's rank method: noise widens it, so a
+    noisy honest run is not held. None with fewer than 8 blocks or a single count."""
+    if len(blocks) < 8 or len({n for n, _, _ in blocks}) < 2:
+        return None
+    claimed = statistics.median(c / n for n, _, c in blocks)
+    if not claimed > 0:
+        return None
+    slopes = sorted((wj - wi) / (nj - ni) for i, (ni, wi, _) in enumerate(blocks) for nj, wj, _ in blocks[i + 1:]
+                    if nj != ni)
+    m = len(blocks)
+    ties = {}
+    for n, _, _ in blocks:
+        ties[n] = ties.get(n, 0) + 1
+    var_s = (m * (m - 1) * (2 * m + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18
+    reach = 1.96 * math.sqrt(max(var_s, 0.0))
+    upper = slopes[min(len(slopes) - 1, math.ceil((len(slopes) + reach) / 2))]
+    slope = statistics.median(slopes)
+    return {"slope_us": slope, "claimed_us": claimed, "ratio": slope / claimed, "upper": upper / claimed,
+            "blocks": m}
+
+
 def set_bytes(inputs: dict[str, Any]) -> int:
     return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
 
