@@ -544,7 +544,8 @@ def serving_terminal(doc: dict[str, Any]) -> list[str]:
              f"-{_int(s['patch_gate']['removed'])}"]
     if s["levels"]:
         lines += ["", _term_table(serving_rows(doc), SERVING_HEADERS),
-                  "T_c: output tokens/s per GPU in the window; I_c: P10 of the per-turn user rate, tokens/s.", ""]
+                  "T_c: output tokens/s per GPU in the window; I_c: 1 / P90 of seconds per output token "
+                  "(the slow-tail user), tokens/s.", ""]
         lines += [x for x in (serving_score_line(doc),) if x]
         lines += gate_lines(doc)
         lines += [f"  {t(where)}: {t(why)}" for where, why in _level_reasons(doc)]
@@ -578,8 +579,8 @@ def serving_markdown(doc: dict[str, Any], *, rank: str | None = None, plot_url: 
     note = timing_note(doc)
     out += ([f"{note}  "] if note else []) + [""]
     out += [_table(SERVING_HEADERS, serving_rows(doc)), "",
-            "T_c: output tokens per second per GPU inside the measurement window; I_c: the 10th percentile of the "
-            "per-turn user rate (tokens / end-to-end latency), tokens/s; both the medians over the runs. Ratios are "
+            "T_c: output tokens per second per GPU inside the measurement window; I_c: 1 / the 90th percentile "
+            "of each turn's end-to-end latency per output token, tokens/s; both the medians over the runs. Ratios are "
             "candidate / baseline before clipping to [0.25, 4]; below 1 - eps a shortfall counts double.", ""]
     gate = gate_lines(doc)
     if gate:
@@ -641,7 +642,7 @@ def text_plot(doc: dict[str, Any], width: int = 56, height: int = 14) -> str | N
     lines.append(" " * left + " +" + "-" * width)
     right = f"{xmax:,.0f}"
     lines.append(" " * (left + 1) + "0" + " " * (width - len(right)) + right)
-    lines.append(" " * (left + 1) + "I_c: P10 of the per-turn user rate (tokens/s)")
+    lines.append(" " * (left + 1) + "I_c: 1 / P90 of seconds per output token (tokens/s)")
     return "\n".join(lines)
 
 
@@ -686,7 +687,7 @@ def serving_plot(doc: dict[str, Any]) -> bytes | None:
             for c, x, y in points:
                 ax.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7,
                             color=styles[side]["color"])
-        ax.set_xlabel("interactivity I_c: P10 of the per-turn user rate (tokens/s)")
+        ax.set_xlabel("interactivity I_c: 1 / P90 of seconds per output token (tokens/s)")
         ax.set_ylabel("throughput per GPU T_c (tokens/s/GPU)")
         ax.set_title("throughput per GPU against interactivity", fontsize=10)
         ax.margins(0.1)

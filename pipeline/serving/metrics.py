@@ -10,9 +10,13 @@ Scored (serving-track.md, "Metrics"):
   did produce).
 - u = output tokens of a turn / its end-to-end latency, send to last counted token, so the time to the
   first token is inside it and a server that buffers its stream gains nothing.
-- I_c = P10 of u over the window's turns: those whose end falls inside the window (completed there, sent
-  before it or not). A failed turn ending inside the window counts with u = 0, so a server cannot lift
-  its slow tail by failing its slowest turns; cancelled turns (open when the window closed) do not count.
+- I_c = the slow-tail user's u, as InferenceX defines interactivity: 1 / P90(E2EL / OSL), the 90th
+  percentile of each turn's seconds per output token, inverted after the percentile is taken (interpolating
+  between rates instead would not give the same figure: the other order inverts the percentile's order and
+  interpolates on another scale). Over the window's turns: those whose end falls inside the window (completed
+  there, sent before it or not). A failed turn ending inside the window is an infinitely slow user (u = 0),
+  so a server cannot lift its slow tail by failing its slowest turns; where the percentile reaches one, I_c is
+  0. Cancelled turns (open when the window closed) do not count.
 
 Reported, not scored (the server's own `usage` is trusted for none of them):
 - 1000 / median TPOT, in tokens/s (InferenceX's interactivity): TPOT of a turn = (last token - first
@@ -102,9 +106,26 @@ def window_turns(turns: list[dict[str, Any]], bounds: tuple[int, int]) -> list[d
     return [t for t in turns if t["status"] != "cancelled" and t["send_ns"] is not None and in_window(t["end_ns"], bounds)]
 
 
+def seconds_per_token(turn: dict[str, Any]) -> float:
+    """E2EL / OSL of a turn: 1 / u, infinite for a failed turn or one without tokens."""
+    u = user_rate(turn)
+    return 1 / u if u > 0 else math.inf
+
+
 def interactivity(turns: list[dict[str, Any]], bounds: tuple[int, int]) -> float | None:
-    """I_c: P10 of u over the window's turns; None when none ended there."""
-    return percentile([user_rate(t) for t in window_turns(turns, bounds)], 10)
+    """I_c = 1 / P90(E2EL / OSL) over the window's turns (InferenceX's order: the percentile of seconds per
+    token, then the inverse); 0 where the percentile reaches a failed turn; None when no turn ended
+    there."""
+    xs = sorted(seconds_per_token(t) for t in window_turns(turns, bounds))
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * 0.9
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    if math.isinf(xs[lo]) or (math.isinf(xs[hi]) and pos > lo):
+        return 0.0
+    p90 = xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return 1 / p90 if p90 > 0 else math.inf
 
 
 def _completed(turns: list[dict[str, Any]], bounds: tuple[int, int]) -> list[dict[str, Any]]:

@@ -61,8 +61,22 @@ def test_user_rate_and_interactivity():
     assert metrics.user_rate(d) == 0.0
     bounds = metrics.window(doc["facts"])
     assert [t is x for t, x in zip(metrics.window_turns(doc["turns"], bounds), (a, c, d))] == [True] * 3
-    # P10 of [0, 3.333, 6.667]: position 0.2 between the first two
-    assert metrics.interactivity(doc["turns"], bounds) == pytest.approx(0.2 * 5 / 1.5)
+    # seconds per token [0.15, 0.3, inf] (D failed): P90's position 1.8 reaches the failed turn, so I_c = 0
+    assert metrics.interactivity(doc["turns"], bounds) == 0.0
+    # without D: [0.15, 0.3], P90 at 0.9 between them, inverted
+    assert metrics.interactivity([a, c], bounds) == pytest.approx(1 / (0.15 + 0.9 * 0.15))
+
+
+def test_interactivity_takes_the_percentile_of_seconds_per_token_then_inverts_as_inferencex_does():
+    """InferenceX's interactivity is 1 / P90(E2EL / OSL). Interpolating between rates (P10 of u) is another
+    figure: on u = 10, 5, 2, 1 tokens/s it gives 1.3, while 1 / P90 of 0.1, 0.2, 0.5, 1.0 s a token is 1/0.85."""
+    bounds = (0, 100 * S)
+    turns = []
+    for u in (10, 5, 2, 1):  # 10 tokens a turn, the last at 10/u s
+        turns.append(rec(0, [(10 / u * k / 10, 1) for k in range(1, 11)]))
+    assert [metrics.user_rate(t) for t in turns] == pytest.approx([10, 5, 2, 1])
+    assert metrics.interactivity(turns, bounds) == pytest.approx(1 / 0.85)
+    assert metrics.percentile([10, 5, 2, 1], 10) == pytest.approx(1.3)  # the other order, not the figure
 
 
 def test_unscored_figures():
