@@ -129,6 +129,19 @@ class _Rules:
         self.module_why = spec.get("denied_module_references")
         self.modules = denied_modules(pin.rules) if self.module_why else []
         self.module_paths = [(m, m.replace(".", "/")) for m in self.modules]
+        self.libraries = list(spec.get("stream_libraries", []))
+        self.library_why = spec.get("stream_libraries_why", "")
+        allowed = [a.removesuffix("/**").removeprefix("python/").replace("/", ".") for a in pin.rules["allowed"]]
+        self.patchable = [a for a in allowed if "*" not in a]  # sglang.srt, sglang.jit_kernel
+
+    def library(self, full: str) -> str | None:
+        """The stream-path library (or module of SGLang a patch cannot edit) that `full` lies in."""
+        for lib in self.libraries:
+            if full == lib or full.startswith(lib + "."):
+                return lib
+        if full.split(".")[0] == "sglang" and not any(full == a or full.startswith(a + ".") for a in self.patchable):
+            return ".".join(full.split(".")[:2])
+        return None
 
     def knob_hits(self, text: str) -> Iterator[tuple[str, str]]:
         folded = _fold(text)
@@ -543,6 +556,14 @@ _SINK_NAMES = {
 _CODE_RUNNERS = {"exec", "eval", "compile", "builtins.exec", "builtins.eval", "builtins.compile"}
 _NAMESPACE_SUBSCRIPTS = {"os.environ", "os.environb", "sys.modules"}
 _DUNDER_CALLS = {"__setattr__": 0, "__getattribute__": 0, "__getattr__": 0, "__delattr__": 0}
+# what finds objects by value rather than by name (how a patch would reach the server's app or a denied
+# module without naming either), and what reaches behind a function's names (its defaults by position)
+_REACH = {"sys.modules", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe",
+          "inspect.currentframe", "inspect.stack", "inspect.getmembers"}
+_REACH_DUNDERS = {"__defaults__", "__kwdefaults__", "__code__", "__globals__", "__builtins__", "__subclasses__"}
+WHY_REACH = ("reaches objects by value or behind their names (modules, frames, the garbage collector, a "
+             "function's defaults or code): how a patch would change the request path or a denied module "
+             "without naming it")
 
 
 # ---- reading one changed file ----
@@ -578,7 +599,7 @@ class _Reader:
         try:
             before_tree = ast.parse(self.before) if self.before is not None else None
         except (SyntaxError, ValueError, MemoryError, RecursionError):
-            before_tree = None  # every file of the pinned tree parses (tests/serving/test_gate.py); all is new then
+            before_tree = None  # the pinned files parse on the Python the gate runs; if one did not, all of it is new
         module = _module_of(self.path)
         try:
             self._compare(before_tree, after_tree, _Context(after_tree, module[1] if module else ""))
@@ -694,6 +715,14 @@ class _Reader:
             denied = self.rules.denied(full) if full and "." in full else None
             if denied and (self._names_module(node, ctx, denied) or isinstance(node.ctx, (ast.Store, ast.Del))):
                 self.add(line_node, f"module:{denied}", self.rules.module_why)
+            if full and "." in full and isinstance(node.ctx, (ast.Store, ast.Del)) and self._names_module_head(node):
+                lib = self.rules.library(full)
+                if lib:
+                    self.add(line_node, f"library:{lib}", self.rules.library_why)
+            if full and any(full == r or full.startswith(r + ".") for r in _REACH):
+                self.add(line_node, "reach", WHY_REACH)
+        if isinstance(node, ast.Attribute) and node.attr in _REACH_DUNDERS:
+            self.add(line_node, "reach", WHY_REACH)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             full = ctx.aliases.get(node.id, node.id)
             if (full in _SINK_NAMES or full in _CODE_RUNNERS) and not self._is_called(node, stmt):
@@ -718,6 +747,13 @@ class _Reader:
         head = ctx.aliases.get(node.id, node.id)
         return denied == head or denied.startswith(head + ".")
 
+    @staticmethod
+    def _names_module_head(node: ast.AST) -> bool:
+        """Whether a chain starts at a plain name (an import's alias), not at a call or `self`."""
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id not in ("self", "cls")
+
     def _is_called(self, name: ast.Name, stmt: ast.AST) -> bool:
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call) and node.func is name:
@@ -739,6 +775,9 @@ class _Reader:
             denied = self.rules.denied(owner) if owner and "." in owner else None
             if denied:
                 self.add(line_node, f"module:{denied}", self.rules.module_why)
+            lib = self.rules.library(owner) if owner and self._names_module_head(node.args[0]) else None
+            if lib:
+                self.add(line_node, f"library:{lib}", self.rules.library_why)
         if index is not None:
             args = node.args[index:index + 1] if called not in ("operator.attrgetter", "operator.methodcaller") \
                 else node.args[:1] if called == "operator.methodcaller" else node.args
