@@ -31,7 +31,10 @@ after, so:
 - a reference to a denied module (`[[rules.deny]]`'s modules and packages: imports of any shape,
   relative ones resolved against the file's package, dotted chains, module names or paths in strings)
   and an import of the HTTP framework (`fastapi`, `starlette`, `uvicorn`: reaching the server's app
-  from an allowed file could rewrite requests and streams) are flagged;
+  from an allowed file could rewrite requests and streams) are flagged; so is a write into a library
+  the stream runs through ([flags] stream_libraries: `orjson.dumps = ...`) or into a module of SGLang
+  outside the allowed paths (`sglang.utils.find_printable_text`), and whatever finds objects by value
+  or behind their names (`gc.get_objects`, `sys.modules`, frames, `__defaults__`, `__code__`);
 - a file Python cannot parse, or decodes as something other than UTF-8, is flagged, and its added
   lines are then searched for the knobs as text (so are the added lines of files that are not Python).
 
@@ -855,8 +858,10 @@ def _text_flags(rules: _Rules, added: list[tuple[int, str]]) -> list[tuple[int, 
 
 # ---- the patch as a whole ----
 
-def patch_flags(pin: "Pin", patch: bytes, tree: Path, files: list) -> list[Flag]:
-    """Every flag of `patch` (already read by the gate into `files`, its _File records) against `tree`."""
+def patch_flags(pin: "Pin", patch: bytes, tree: Path, files: list, refused: set[str] = frozenset()) -> list[Flag]:
+    """Every flag of `patch` (already read by the gate into `files`, its _File records) against `tree`.
+    A refused patch (`refused`: the files its reasons name) has its added lines searched as text only: it
+    will not run, may not apply, and reading the syntax trees of a big denied file costs a second."""
     from pipeline.serving.gate import git_apply
 
     rules = _Rules(pin)
@@ -866,7 +871,9 @@ def patch_flags(pin: "Pin", patch: bytes, tree: Path, files: list) -> list[Flag]
         for rule in spec.get("file", []):
             if f.path == rule["path"]:
                 found.append(Flag(f.path, f.line, f"file:{rule['path']}", rule["why"]))
-    patched = _apply(patch, tree, files, git_apply)
+    patched = None
+    if not refused and any(f.path.endswith(".py") for f in files):
+        patched = _apply(patch, tree, files, git_apply)
     seen: set[str] = set()
     for f in files:
         if f.path in seen:
@@ -875,7 +882,7 @@ def patch_flags(pin: "Pin", patch: bytes, tree: Path, files: list) -> list[Flag]
         sections = [x for x in files if x.path == f.path]
         added = [pair for x in sections for pair in x.added_lines]
         result = None
-        if f.path.endswith(".py") and patched is not None and f.path in patched:
+        if f.path.endswith(".py") and patched is not None and f.path in patched and f.path not in refused:
             before, after = patched[f.path]
             reader = _Reader(rules, f.path, before, after)
             result = reader.read()

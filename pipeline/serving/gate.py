@@ -13,7 +13,31 @@ patch that is malformed: refused.
 
 The rules are sglang_pin/pin.toml's [rules] and [flags] (the spec's list is the minimum). A reason
 names the file, the line of patch.diff where the problem is (where that file's diff starts for the
-rules about the file itself), and the rule; so does a flag.
+rules about the file itself), and the rule; so does a flag (pipeline/serving/flags.py finds them by
+reading the patched Python files' syntax trees, before and after: see its docstring).
+
+Refuse or flag: the rule for the request and stream path. A patch is measured as speed, so whatever
+sits between the client and the model's tokens decides what is measured, not how fast it is produced:
+a reply cache, filler replies, a rewritten or re-counted stream all live there, and all passed while
+the HTTP server was open. A performance patch changes the scheduler, the KV cache and its memory, the
+model, its layers and kernels, speculative decoding and parallelism, none of which is on that path. So
+a file is refused when it only parses, routes, renders, templates, tokenizes or detokenizes requests
+and replies (no speed is there to gain), and flagged when it is on the path but also holds what a
+performance patch may need. Refused (pin.toml [[rules.deny]]): entrypoints/http_server.py (routes,
+middleware, the streaming responses, the /flush_cache handler), entrypoints/openai/** and the other
+front ends (anthropic/**, ollama/**, grpc_server.py, v1_loads.py) with the OpenAI layer's helpers
+(harmony_utils.py, context.py, tool.py), utils/{http_middleware_patch,json_response,auth,
+request_logger}.py, observability/request_metrics_exporter.py (each is handed every request or reply),
+parser/** and function_call/** (chat templates, and the parsers that turn the model's text into the
+stream's fields), managers/{tokenizer_manager,detokenizer_manager,template_manager,io_struct,...}.py
+(text in and out, and the structures every request is normalized in). Flagged: entrypoints/engine.py
+(it wires the tokenizer manager and the detokenizer to the schedulers, and sets the processes'
+environment, which a performance patch may tune), environ.py, and in any file a changed statement that
+names a knob (`flush_cache`: a Scheduler.flush_cache that returns early is flagged, whatever its added
+lines say), a denied module, the HTTP framework, a library the stream runs through, or a name the gate
+cannot compute. The scheduler's output path (managers/scheduler_output_processor_mixin.py) stays open:
+it hands token ids, not text, to the detokenizer, and batching them is performance work; its knob
+(`stream_interval`) is flagged.
 """
 
 from __future__ import annotations
@@ -480,7 +504,7 @@ def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
                               "run `python -m pipeline serving fetch`")
     _git_view(patch, tree, files, reasons, refuse)
 
-    flags = patch_flags(pin, patch, tree, files) if files else []
+    flags = patch_flags(pin, patch, tree, files, {r.file for r in reasons}) if files else []
     return verdict(files, flags)
 
 
