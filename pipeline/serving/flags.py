@@ -68,7 +68,8 @@ WHY_COMPUTED = ("a name reached through a value the gate cannot compute: it coul
                 "environment variable or a denied module; read what it evaluates to")
 WHY_HTTP = ("the HTTP framework: requests and streams are closed to patches (http_server.py and the OpenAI "
             "layer are denied), and code that reaches the server's app could rewrite them")
-WHY_UNPARSEABLE = "Python cannot parse the patched file, so its knobs were searched as text only"
+WHY_UNPARSEABLE = ("Python cannot parse the patched file (it would fail to import), so its knobs were searched as text "
+                   "only; fix its syntax")
 WHY_ENCODING = ("Python decodes the patched file as {enc}, not UTF-8: the code that runs is not the text a "
                 "reviewer reads")
 
