@@ -13,7 +13,31 @@ patch that is malformed: refused.
 
 The rules are sglang_pin/pin.toml's [rules] and [flags] (the spec's list is the minimum). A reason
 names the file, the line of patch.diff where the problem is (where that file's diff starts for the
-rules about the file itself), and the rule; so does a flag.
+rules about the file itself), and the rule; so does a flag (pipeline/serving/flags.py finds them by
+reading the patched Python files' syntax trees, before and after: see its docstring).
+
+Refuse or flag: the rule for the request and stream path. A patch is measured as speed, so whatever
+sits between the client and the model's tokens decides what is measured, not how fast it is produced:
+a reply cache, filler replies, a rewritten or re-counted stream all live there, and all passed while
+the HTTP server was open. A performance patch changes the scheduler, the KV cache and its memory, the
+model, its layers and kernels, speculative decoding and parallelism, none of which is on that path. So
+a file is refused when it only parses, routes, renders, templates, tokenizes or detokenizes requests
+and replies (no speed is there to gain), and flagged when it is on the path but also holds what a
+performance patch may need. Refused (pin.toml [[rules.deny]]): entrypoints/http_server.py (routes,
+middleware, the streaming responses, the /flush_cache handler), entrypoints/openai/** and the other
+front ends (anthropic/**, ollama/**, grpc_server.py, v1_loads.py) with the OpenAI layer's helpers
+(harmony_utils.py, context.py, tool.py), utils/{http_middleware_patch,json_response,auth,
+request_logger}.py, observability/request_metrics_exporter.py (each is handed every request or reply),
+parser/** and function_call/** (chat templates, and the parsers that turn the model's text into the
+stream's fields), managers/{tokenizer_manager,detokenizer_manager,template_manager,io_struct,...}.py
+(text in and out, and the structures every request is normalized in). Flagged: entrypoints/engine.py
+(it wires the tokenizer manager and the detokenizer to the schedulers, and sets the processes'
+environment, which a performance patch may tune), environ.py, and in any file a changed statement that
+names a knob (`flush_cache`: a Scheduler.flush_cache that returns early is flagged, whatever its added
+lines say), a denied module, the HTTP framework, a library the stream runs through, or a name the gate
+cannot compute. The scheduler's output path (managers/scheduler_output_processor_mixin.py) stays open:
+it hands token ids, not text, to the detokenizer, and batching them is performance work; its knob
+(`stream_interval`) is flagged.
 """
 
 from __future__ import annotations
@@ -26,10 +50,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pipeline.serving.flags import MAX_FLAGS_PER_PATTERN, Flag, denied_modules, patch_flags  # noqa: F401
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.serving.pin import Pin
@@ -37,7 +62,6 @@ if TYPE_CHECKING:  # pragma: no cover
 REGULAR = "100644"
 GIT_TIMEOUT_S = 60
 MAX_REASONS_PER_RULE = 50  # a 5,000-line patch of non-UTF-8 text is one problem, not 5,000
-MAX_FLAGS_PER_PATTERN = 20
 MAKE_IT = ("make the patch in a clone of SGLang at the pinned tag with `git diff` (see sglang_pin/README.md)")
 
 
@@ -47,15 +71,6 @@ class Reason:
     line: int  # the line of patch.diff (1-based); 0 for the patch as a whole
     rule: str
     message: str
-
-
-@dataclass(frozen=True)
-class Flag:
-    file: str
-    line: int  # the line of patch.diff
-    pattern: str  # the flag's pattern, `file:<path>` or `route:<route>`
-    why: str
-    text: str = ""  # the added line that matched, shortened
 
 
 @dataclass
@@ -230,6 +245,10 @@ class _File:
     added: int | None = None  # from unidiff
     removed: int | None = None
     added_lines: list[tuple[int, str]] = field(default_factory=list)  # (patch line, text)
+    # (line of the patched file, patch line) for each added line, and for each removed line the line
+    # of the patched file where it was; (first, last line of the patched file, patch line) of each hunk
+    positions: list[tuple[int, int]] = field(default_factory=list)
+    hunks: list[tuple[int, int, int]] = field(default_factory=list)
     binary: bool | None = None
 
 
@@ -321,6 +340,25 @@ def _summary(out: bytes) -> list[tuple[str, str, str]]:
     return found
 
 
+def _positions(patched_file) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """Where each changed line of one file's diff lands in the patched file (see _File.positions)."""
+    positions, hunks = [], []
+    for h in patched_file:
+        numbers = [ln.diff_line_no for ln in h if ln.diff_line_no]
+        if numbers:
+            hunks.append((h.target_start, h.target_start + max(h.target_length - 1, 0), min(numbers) - 1))
+        at = h.target_start
+        for ln in h:
+            if ln.is_added:
+                positions.append((ln.target_line_no, ln.diff_line_no))
+                at = ln.target_line_no + 1
+            elif ln.is_removed:
+                positions.append((at, ln.diff_line_no))
+            elif ln.target_line_no:
+                at = ln.target_line_no + 1
+    return positions, hunks
+
+
 # ---- the gate ----
 
 def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
@@ -410,6 +448,7 @@ def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
                                "the hunk before it: git ignores it, so the patch shows a change that is never applied "
                                "(a header that lies about its line counts); " + MAKE_IT)
                 f.added_lines = [(ln.diff_line_no, ln.value.rstrip("\n")) for h in p for ln in h if ln.is_added]
+                f.positions, f.hunks = _positions(p)
 
     # the rules about each file
     tree_index = _index(str(tree.resolve())) if tree.is_dir() else None
@@ -465,7 +504,7 @@ def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
                               "run `python -m pipeline serving fetch`")
     _git_view(patch, tree, files, reasons, refuse)
 
-    flags = _flags(pin, patch, tree, files) if files else []
+    flags = patch_flags(pin, patch, tree, files, {r.file for r in reasons}) if files else []
     return verdict(files, flags)
 
 
@@ -555,108 +594,6 @@ def _pinned_version() -> str:
         return load_pin().version
     except Exception:  # a message, never a crash
         return "at the pinned version"
-
-
-# ---- flags ----
-
-def denied_modules(rules: dict) -> list[str]:
-    """The dotted names of the denied paths that are modules or packages (python/sglang/srt/layers/
-    sampler.py -> sglang.srt.layers.sampler); the anywhere-patterns (**/test_*.py) name none."""
-    out = []
-    for deny in rules.get("deny", []):
-        p = deny["pattern"]
-        base = p.removesuffix("/**")
-        if p.startswith("python/") and "*" not in base:
-            out.append(base.removeprefix("python/").removesuffix(".py").replace("/", "."))
-    return out
-
-
-_IMPORT = re.compile(r"^\s*(from\s+\S+\s+import\b|import\b)")
-
-
-def _module_reference(text: str, modules: list[str]) -> str | None:
-    for mod in modules:
-        if re.search(r"(?<![\w.])" + re.escape(mod) + r"(?!\w)", text):
-            return mod
-        if _IMPORT.match(text) and re.search(r"(?<!\w)" + re.escape(mod.rsplit(".", 1)[-1]) + r"(?!\w)", text):
-            return mod
-    return None
-
-
-def _flags(pin: "Pin", patch: bytes, tree: Path, files: list[_File]) -> list[Flag]:
-    found: list[Flag] = []
-    spec = pin.flags
-    modules = denied_modules(pin.rules) if spec.get("denied_module_references") else []
-    for f in files:
-        for n, text in f.added_lines:
-            mod = _module_reference(text, modules)
-            if mod:
-                found.append(Flag(f.path, n, f"module:{mod}", spec["denied_module_references"], text.strip()[:160]))
-        for rule in spec.get("added_line", []):
-            pattern = re.compile(re.escape(rule["pattern"]), re.IGNORECASE)
-            for n, text in f.added_lines:
-                if pattern.search(text):
-                    found.append(Flag(f.path, n, rule["pattern"], rule["why"], text.strip()[:160]))
-        for rule in spec.get("file", []):
-            if f.path == rule["path"]:
-                found.append(Flag(f.path, f.line, f"file:{rule['path']}", rule["why"]))
-    for rule in spec.get("route", []):
-        f = next((x for x in files if x.path == rule["path"]), None)
-        if f is not None and _route_changed(pin, patch, tree, rule):
-            found.append(Flag(f.path, f.line, f"route:{rule['route']}", rule["why"]))
-    found.sort(key=lambda x: (x.line, x.pattern))
-    kept, seen = [], {}
-    for flag in found:  # a pattern on every line of a big file is one thing to look at, not thousands
-        seen[flag.pattern] = seen.get(flag.pattern, 0) + 1
-        if seen[flag.pattern] <= MAX_FLAGS_PER_PATTERN:
-            kept.append(flag)
-    for pattern, n in seen.items():
-        if n > MAX_FLAGS_PER_PATTERN:
-            kept.append(Flag("", 0, pattern, f"and {n - MAX_FLAGS_PER_PATTERN} more added lines like these"))
-    return kept
-
-
-def route_handler(source: str, route: str) -> str | None:
-    """The text of the handler registered for `route` in a module of FastAPI routes: its decorators and
-    its function, up to the next top-level statement. None when no decorator names the route."""
-    lines = source.splitlines(keepends=True)
-    quoted = re.compile(r"""@\w[\w.]*\(\s*['"]""" + re.escape(route) + r"""['"]""")
-    for i, line in enumerate(lines):
-        if not quoted.match(line):
-            continue
-        start = i
-        while start > 0 and lines[start - 1].startswith("@"):
-            start -= 1
-        end = i + 1
-        seen_def = False
-        while end < len(lines):
-            text = lines[end]
-            if re.match(r"(async\s+)?def\s", text):
-                seen_def = True
-            elif seen_def and text.strip() and not text[0].isspace() and not text.startswith("#"):
-                break
-            end += 1
-        return "".join(lines[start:end])
-    return None
-
-
-def _route_changed(pin: "Pin", patch: bytes, tree: Path, rule: dict) -> bool:
-    """Apply the patch for real to a copy of the route's file only and compare the handler before and
-    after: hunk positions cannot be trusted (git applies a hunk wherever its context matches)."""
-    path = rule["path"]
-    original = (tree / path).read_bytes()
-    with tempfile.TemporaryDirectory(prefix="gate-route-") as tmp:
-        copy = Path(tmp) / "tree"
-        (copy / path).parent.mkdir(parents=True)
-        (copy / path).write_bytes(original)
-        (copy / pin.layout["sdist_is"]).mkdir(exist_ok=True)
-        done = git_apply(copy, patch, f"--include={path}")
-        if done.returncode != 0:
-            return True  # it does not apply cleanly here: the refusal says why; flag it all the same
-        patched = (copy / path).read_bytes()
-    before = route_handler(original.decode("utf-8", "replace"), rule["route"])
-    after = route_handler(patched.decode("utf-8", "replace"), rule["route"])
-    return before != after
 
 
 # ---- reading a patch.diff ----
