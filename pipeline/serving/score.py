@@ -42,7 +42,10 @@ GSM8K's answers end with `#### <number>`; a model's reply is read for its answer
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import random
 import re
 from decimal import Decimal, InvalidOperation
 from statistics import median
@@ -52,6 +55,7 @@ LEVELS = (1, 4, 16, 32)
 METRICS = ("T", "I")
 CLIP = (0.25, 4.0)
 EPS_CAP = 0.5
+RESAMPLES = 2000  # the interval's bootstrap resamples
 CANARY_MARGIN = 0.02  # 2 points of agreement
 GSM8K_MARGIN = 0.017  # 1.7 points of accuracy
 
@@ -287,3 +291,28 @@ def serving_score(baseline_first: list[Levels], baseline_second: list[Levels], c
     return {"S": gate_value * ungated, "S_ungated": ungated, "G": gate_value, "ratios": rs, "eps": eps,
             "baseline_spread": measured, "spread_capped": 2 * measured > EPS_CAP,
             "baseline": base, "candidate": cand}
+
+
+def score_interval(baseline_first: list[Levels], baseline_second: list[Levels], candidate: list[Levels],
+                   gate_value: int, levels: Iterable[int] = LEVELS, resamples: int = RESAMPLES) -> list[float]:
+    """S's 95% interval by the bootstrap: each block's runs (the two baseline blocks and the candidate's runs)
+    resampled with replacement, S recomputed from the resample (its medians, its spread and so its eps), and the
+    2.5th and 97.5th percentiles taken. So the interval is the runs' own spread, the candidate's included: a
+    candidate whose runs disagree gets a wide one even when the baseline agrees with itself. Seeded by the
+    figures themselves, so the same runs give the same interval. It always contains S (where the resamples are
+    lopsided, its edge is S); [0, 0] for G = 0."""
+    levels = tuple(levels)
+    point = serving_score(baseline_first, baseline_second, candidate, gate_value, levels)["S"]
+    if not gate_value:
+        return [0.0, 0.0]
+    seed = hashlib.sha256(json.dumps([baseline_first, baseline_second, candidate], sort_keys=True,
+                                     default=str).encode()).digest()
+    rng = random.Random(seed)
+    values = []
+    for _ in range(resamples):
+        draw = [[rng.choice(block) for _ in block] for block in (baseline_first, baseline_second, candidate)]
+        values.append(serving_score(*draw, gate_value, levels)["S"])
+    values.sort()
+    lo = values[int(0.025 * (len(values) - 1))]
+    hi = values[math.ceil(0.975 * (len(values) - 1))]
+    return [min(lo, point), max(hi, point)]

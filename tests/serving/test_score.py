@@ -204,3 +204,31 @@ def test_gsm8k_messages_are_five_shots_then_the_question():
 def test_gsm8k_accuracy_counts_matches(items):
     pairs = [(f"so the answer is {n if right else n + 1}.", f"work\n#### {n:,}") for n, right in items]
     assert score.gsm8k_accuracy(pairs) == pytest.approx(sum(r for _, r in items) / len(items))
+
+
+def _runs(*scales: float) -> list[dict[int, dict[str, float]]]:
+    return [{c: {"T": 100.0 * k, "I": 10.0 * k} for c in score.LEVELS} for k in scales]
+
+
+def test_the_interval_is_the_runs_own_spread_the_candidates_included():
+    """A candidate whose runs came out at 1x and 4x against a baseline that agrees with itself: S = 2.5, and the
+    interval built from the baseline's spread alone was [2.5, 2.5]. The bootstrap over each block's runs sees the
+    candidate's own disagreement; a steady candidate gets a narrow one; the same runs give the same interval."""
+    base1, base2 = _runs(1, 1, 1), _runs(1, 1, 1)
+    wild = _runs(1, 1, 1, 4, 4, 4)
+    s = score.serving_score(base1, base2, wild, 1)["S"]
+    assert s == pytest.approx(2.5)
+    lo, hi = score.score_interval(base1, base2, wild, 1)
+    assert lo <= s <= hi and lo < 1.5 and hi > 3.5, (lo, hi)
+    steady = _runs(1.2, 1.21, 1.19, 1.2, 1.2, 1.21)
+    lo2, hi2 = score.score_interval(base1, base2, steady, 1)
+    assert 1.18 <= lo2 <= score.serving_score(base1, base2, steady, 1)["S"] <= hi2 <= 1.22
+    assert score.score_interval(base1, base2, wild, 1) == [lo, hi]
+    assert score.score_interval(base1, base2, wild, 0) == [0.0, 0.0]
+
+
+def test_the_interval_widens_with_the_baselines_own_noise():
+    base1, base2 = _runs(0.9, 1.1, 1.0), _runs(1.05, 0.95, 1.0)
+    cand = _runs(1.2, 1.2, 1.2, 1.2, 1.2, 1.2)
+    lo, hi = score.score_interval(base1, base2, cand, 1)
+    assert hi - lo > 0.1 and lo <= score.serving_score(base1, base2, cand, 1)["S"] <= hi
