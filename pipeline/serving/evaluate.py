@@ -412,6 +412,9 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         values = [v for k, v in launch_s.items() if k.endswith(side)]
         if values:
             engine_facts["launch_s"][side] = round(sum(values) / len(values), 3)
+    for why in node_drift(environment.get("node_probes") or []):
+        flags.append({"code": "node_drift", "line": None, "message": why + ": the candidate's blocks may have left the "
+                      "node slower for the baseline's last block; held for review"})
     isolated = all(d.get("isolation") == "namespaces" for d in environment["sandbox"].values())
     if not isolated:
         flags.append({"code": "not_isolated", "line": None,
@@ -424,7 +427,8 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
             gsm8k={"candidate": gsm8k_results[2]["accuracy"], "baseline": gsm8k_results[3]["accuracy"],
                    "questions": gsm8k_results[3]["questions"]},
             official=bool(inputs.official and isolated), mode=mode, environment=environment, started_at=started_at,
-            finished_at=result.now(), flags=flags, needs_review=bool(verdict.flags))
+            finished_at=result.now(), flags=flags,
+            needs_review=bool(verdict.flags) or any(f["code"] == "node_drift" for f in flags))
     except result.ResultError as exc:
         raise HarnessFailure(str(exc)) from None
     return doc
@@ -528,7 +532,82 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
         _say(progress, f"{name}: stopped" + (f" ({server.killed} more processes of it killed)" if server.killed else ""))
     if clean_exit and server.command is not None and server.command.device == "cuda":
         _gpus_clear(name, environment, progress)  # a failed block stops the evaluation; the runner's check follows
+        _node_probe(name, environment, progress)
     return sweeps, outputs, accuracy
+
+
+# The node between blocks (B2 runs right after C2: a candidate that left the node slower would gain): the known
+# kernel of `runner health` on every GPU after each block, in a process of its own so that the evaluator holds no
+# GPU memory. After a candidate block against after the first baseline block, a kernel slower by NODE_KERNEL_DRIFT,
+# an SM clock under load lower by NODE_CLOCK_DROP, a GPU hotter by NODE_HEAT_C, or an unhealthy node holds the
+# result for review.
+NODE_KERNEL_DRIFT = 0.03
+NODE_CLOCK_DROP = 0.05
+NODE_HEAT_C = 15
+NODE_PROBE_S = 180
+
+
+def _node_probe(name: str, environment: dict[str, Any], progress) -> None:
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="muse-node-") as tmp:
+        out = Path(tmp) / "health.json"
+        try:
+            done = subprocess.run([sys.executable, "-m", "pipeline", "runner", "health", "--device", "cuda", "--json",
+                                   str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=NODE_PROBE_S)
+            doc = json.loads(out.read_text()) if out.is_file() else None
+        except (subprocess.TimeoutExpired, OSError, ValueError) as exc:
+            done, doc = None, None
+            why = f"{type(exc).__name__}: {exc}"
+        else:
+            why = None if doc is not None else f"exit {done.returncode}: {done.stderr[-300:]}"
+    environment.setdefault("node_probes", []).append(node_reading(name, doc, why))
+    _say(progress, f"{name}: node probe " + ("taken" if doc is not None else f"failed ({why})"))
+
+
+def node_reading(name: str, health: dict[str, Any] | None, why: str | None = None) -> dict[str, Any]:
+    """What the node check keeps of one `runner health --json` document: per GPU the known kernel's median, the SM
+    clock under load and the temperature; whether the node was healthy."""
+    if health is None:
+        return {"after": name, "healthy": None, "why": why, "devices": []}
+    devices = []
+    for d in ((health.get("readings") or {}).get("gpu") or {}).get("devices") or []:
+        devices.append({"index": d.get("index"), "kernel_ms": (d.get("kernel") or {}).get("median_ms"),
+                        "sm_clock_mhz": d.get("sm_clock_mhz"), "temperature_c": d.get("temperature_c")})
+    return {"after": name, "healthy": bool(health.get("healthy")), "reasons": list(health.get("reasons") or [])[:8],
+            "devices": devices}
+
+
+def node_drift(probes: list[dict[str, Any]]) -> list[str]:
+    """Why the node after a candidate block is not the node the first baseline block left (empty when it is):
+    the probes in block order, the first after block 1 (baseline), the next after the candidate blocks."""
+    if len(probes) < 2:
+        return []
+    before = {d["index"]: d for d in probes[0]["devices"]}
+    out = []
+    for probe in probes[1:3]:
+        where = probe["after"]
+        if probe["healthy"] is False or probe["healthy"] is None:
+            out.append(f"after {where} the node's health check " + (
+                "failed: " + "; ".join(probe.get("reasons") or []) if probe["healthy"] is False else
+                f"could not run ({probe.get('why')})"))
+            continue
+        for d in probe["devices"]:
+            b = before.get(d["index"])
+            if b is None:
+                continue
+            k0, k1 = b.get("kernel_ms"), d.get("kernel_ms")
+            if k0 and k1 and k1 / k0 - 1 > NODE_KERNEL_DRIFT:
+                out.append(f"after {where} GPU {d['index']}'s known kernel took {k1:.3f} ms against {k0:.3f} ms after "
+                           f"the first baseline block ({k1 / k0 - 1:+.1%}, more than {NODE_KERNEL_DRIFT:.0%})")
+            c0, c1 = b.get("sm_clock_mhz"), d.get("sm_clock_mhz")
+            if c0 and c1 and 1 - c1 / c0 > NODE_CLOCK_DROP:
+                out.append(f"after {where} GPU {d['index']}'s SM clock under load was {c1} MHz against {c0} MHz "
+                           f"({c1 / c0 - 1:+.1%})")
+            t0, t1 = b.get("temperature_c"), d.get("temperature_c")
+            if t0 is not None and t1 is not None and t1 - t0 > NODE_HEAT_C:
+                out.append(f"after {where} GPU {d['index']} was at {t1} C against {t0} C")
+    return out
 
 
 def _gpus_clear(name: str, environment: dict[str, Any], progress) -> None:
