@@ -41,9 +41,9 @@ GRIDS = {
                        # the orientation: the weight's rows as the dot's first operand compile to wgmma (BN >= 64)
                        # where the tokens' 16-32 rows make mma.sync, with fewer registers (56 against 72 and 8 bytes
                        # of stack at BM 32, BN 64) and a shorter loop (122 against 139 instructions), for 20% more
-                       # shared memory (benchmarks/static_kernels.py, seventeenth session): 0.6-1.1 us faster at every
-                       # M on an H100 (eighteenth). (Stream-K, 132 equal runs of (tile, K step)s, lost by 4 us there:
-                       # docs/BENCHMARKS.md, eighteenth session.)
+                       # shared memory (benchmarks/static_kernels.py, 2026-12-06): 0.6-1.1 us faster at every
+                       # M on an H100 (2026-12-06). (Stream-K, 132 equal runs of (tile, K step)s, lost by 4 us there:
+                       # docs/BENCHMARKS.md, "Appendix: how the figures came to be", 2026-12-06.)
                        {"SWAP": [0, 1], "BN": [64, 128], "num_stages": [3, 4, 5, 6]}],
     # the tensor-core path's orientation (ROWS: the tokens as the dot's first operand; with 4 warps its kernels
     # hold 88-127 registers, as the baseline's, against 128-194 for ROWS 0: benchmarks/static_kernels.py), then

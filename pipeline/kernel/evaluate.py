@@ -1037,8 +1037,8 @@ UNEXPLAINED = {"cuda": 0.03, "cpu": 0.06}
 # the baseline's blocks run would otherwise widen its own allowance with the delay it causes. The cap is
 # measured on the runner itself, not fixed: the request around a block costs 0.6-0.7 ms on the H200 and
 # ~1.3 ms on the lent H100's host, where a fixed 1 ms cap failed honest kernels (docs/BENCHMARKS.md,
-# fifteenth session). On a CPU (never official) the round trip swings 0.8-8 ms with the machine's load, so
-# the factor there only bounds the arithmetic.
+# "The trust boundary's cost", and its appendix, 2026-12-06). On a CPU (never official) the round trip swings
+# 0.8-8 ms with the machine's load, so the factor there only bounds the arithmetic.
 CAP_FACTOR = {"cuda": 1.5, "cpu": 20.0}
 
 
