@@ -20,8 +20,10 @@ an engine:
 
 The script's modes: `ttft_s` and `token_s` set the timing; `buffer` computes the stream with that timing
 but sends it all at the end; `short_by` stops that many tokens early (and says finish_reason "stop");
-`fail_every` answers every k-th request with HTTP 500; `usage_factor` makes `usage` lie about the
-completion tokens and claim every prompt token was cached; `hang_s` stalls before the first token;
+`fail_every` answers every k-th request with HTTP 500 (k-th of the launch's requests, whatever
+`words_from` makes of their words; so do `bad_chunk_every` and `hang_from`); `usage_factor` makes `usage` lie about the
+completion tokens and claim every prompt token was cached; `hang_s` stalls before the first token (from
+the `hang_from`-th request of the launch on: 2 lets a launch's warm-up request through);
 `break_after` cuts the connection after that many tokens; `split_words` sends each word in two chunks
 (" th", "e": a token split across chunks); `special_every` makes every k-th token `<|im_end|>` (what a
 model forced past its end writes); `timestamps` puts the server's send time
@@ -73,6 +75,7 @@ SCRIPT = {
     "fail_every": 0,
     "usage_factor": 1.0,
     "hang_s": 0.0,
+    "hang_from": 0,
     "break_after": None,
     "timestamps": False,
     "log_sends": False,
@@ -167,7 +170,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     t_start = time.perf_counter_ns()
     body = orjson.loads(await request.read())  # a long history is a large body: orjson keeps up
     state.count += 1
-    index = state.count
+    index = number = state.count  # number: the request's place in this launch's count, whatever its words
     if script["die_after"] is not None and index > int(script["die_after"]):
         print(f"scripted server: dying at request {index} as scripted (die_after {script['die_after']})", flush=True)
         os._exit(70)
@@ -180,7 +183,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     state.in_flight += 1
     state.max_in_flight = max(state.max_in_flight, state.in_flight)
     try:
-        if script["fail_every"] and index % script["fail_every"] == 0:
+        if script["fail_every"] and number % script["fail_every"] == 0:
             return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
         n = forced_length(body)
         sent = max(0, n - int(script["short_by"]))
@@ -207,7 +210,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
             entry["key"] = json.dumps([str(msgs[0].get("content", "")).split("\n\n", 1)[0],
                                        str(msgs[1].get("content", ""))[:200], len(msgs)])
         pending: list[bytes] = []
-        if script["hang_s"]:
+        if script["hang_s"] and number >= int(script["hang_from"]):
             await asyncio.sleep(script["hang_s"])
         if script["ttft_s"]:
             await asyncio.sleep(script["ttft_s"])
@@ -216,7 +219,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         paced_from = time.perf_counter()
         shape = script["field"]
         bad = b""
-        if script["bad_chunk_every"] and index % int(script["bad_chunk_every"]) == 0:
+        if script["bad_chunk_every"] and number % int(script["bad_chunk_every"]) == 0:
             bad = b"data: " + (script["bad_chunk"] * int(script["bad_chunk_repeat"])).encode(script["bad_chunk_encoding"])
             bad += b"\n\n" if script["bad_chunk_newline"] else b""
         while k < sent:
