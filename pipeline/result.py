@@ -396,9 +396,21 @@ def _median(values: list[float]) -> float | None:
     return median(values) if values else None
 
 
+# What the schema keeps of a level's figures (result.schema.json's `rate`, `ms`, `fraction`): a figure beyond
+# them was not measured from a server that serves (10 million tokens a second to one user).
+RATE_MAX, MS_MAX = 1e7, 1e8
+UNSCORED_MAX = {"tpot_rate": RATE_MAX, "ttft_p50_ms": MS_MAX, "ttft_p90_ms": MS_MAX, "itl_p90_ms": MS_MAX,
+                "cache_hit_rate_untrusted": 1.0, "usage_disagreement_untrusted": 1.0}
+RATIO_MAX = 1e6
+
+
 def _clean_run(lv: dict[str, Any], c: int, where: str) -> dict[str, Any]:
-    """A level's figures as the schema keeps them: an unscored figure that is not finite (metrics gives
-    1000/median TPOT = inf when the median TPOT is 0) becomes null; a scored one refuses the run."""
+    """A level's figures as the schema keeps them. An unscored figure that is not finite (metrics gives
+    1000/median TPOT = inf when the median TPOT is 0) or outside the schema's range (a server's claim of
+    more cached tokens than prompt tokens, a TPOT of a nanosecond from a burst) becomes null. A scored one
+    that is not finite refuses the run (metrics never gives one); one above RATE_MAX (a garbage reply
+    streamed at once) is kept at RATE_MAX and makes the level invalid, saying so: never a result the
+    schema refuses, so a candidate's server cannot turn its own failure into the harness's."""
     if lv.get("concurrency") != c:
         raise ResultError(f"{where}: the level filed under c = {c} says concurrency {lv.get('concurrency')!r}")
     run = dict(lv)
@@ -407,9 +419,19 @@ def _clean_run(lv: dict[str, Any], c: int, where: str) -> dict[str, Any]:
         if v is not None and _finite_or_none(v) is None:
             raise ResultError(f"{where}: {key} = {v!r} at c = {c}; a scored figure is a finite number (or null for "
                               "an I_c with no turn in the window)")
+        if v is not None and v > RATE_MAX:
+            run[key] = RATE_MAX
+            run["valid"] = False
+            run["invalid_reasons"] = [*run.get("invalid_reasons", []),
+                                      f"{key}_c = {v:.4g} tokens/s, beyond the {RATE_MAX:g} a result keeps: not a "
+                                      "measurement of a server that serves"][:50]
     if run.get("T") is None:
         raise ResultError(f"{where}: no T at c = {c}; metrics.level always gives one")
-    run["unscored"] = {k: _finite_or_none(v) for k, v in dict(lv.get("unscored") or {}).items()}
+    unscored = {}
+    for k, v in dict(lv.get("unscored") or {}).items():
+        v = _finite_or_none(v)
+        unscored[k] = v if v is not None and 0 <= v <= UNSCORED_MAX.get(k, math.inf) else None
+    run["unscored"] = unscored
     return run
 
 
@@ -520,7 +542,7 @@ def serving_document(
             raise ResultError(f"the baseline's level c = {c} is invalid ({'; '.join(b['invalid_reasons'])}): the "
                               "node or the harness is at fault, not the patch; the run cannot be scored")
         level_entries.append({"concurrency": c, "baseline": b, "candidate": k, "ratios": {
-            m: (k[m] / b[m] if k[m] is not None and b[m] else None) for m in ("T", "I")}})
+            m: (min(k[m] / b[m], RATIO_MAX) if k[m] is not None and b[m] else None) for m in ("T", "I")}})
     invalid = [e["concurrency"] for e in level_entries if not e["candidate"]["valid"]]
     G, reasons = sc.gate(candidate_agreement=canary["candidate"], baseline_agreement=canary["baseline"],
                          candidate_gsm8k=gsm8k["candidate"], baseline_gsm8k=gsm8k["baseline"], invalid_levels=invalid)
@@ -570,8 +592,8 @@ def serving_document(
         "status": ("needs_review" if needs_review else "passed") if passed else "incorrect",
         "official": official,
         "mode": mode,
-        "error": None if passed else {"message": "the correctness gate failed (G = 0, so S = 0): " + "; ".join(reasons),
-                                      "shape": None, "where": None, "log_tail": ""},
+        "error": None if passed else {"message": _gate_message(reasons, level_entries), "shape": None,
+                                      "where": None, "log_tail": ""},
         "correctness": [],
         "performance": performance,
         "score": {"speedup": S, "time_us": _gm([1e6 / e["candidate"]["T"] for e in level_entries]),
@@ -600,6 +622,27 @@ def serving_document(
     }
     validate(doc)
     return doc
+
+
+LEVEL_ADVICE = ("Every turn must be streamed as the unpatched server streams it: one choice (index 0) whose "
+                "delta carries the reply's text in one field (`content`), max_tokens tokens, then a finish_reason, "
+                "within the turn timeout; more than 0.5% of turns failing, or one short of max_tokens - 1, "
+                "invalidates a level (serving-track.md, \"The replay\"). Run the evaluation with --records DIR to "
+                "read every turn's record (its status and error)")
+
+
+def _gate_message(reasons: list[str], level_entries: list[dict[str, Any]]) -> str:
+    """A gated result's error: what failed (the gate's reasons), where (each invalid level of the candidate,
+    with its runs' reasons, runs numbered in the order they ran: what its turns did), and what to do."""
+    message = "the correctness gate failed (G = 0, so S = 0): " + "; ".join(reasons)
+    invalid = [e for e in level_entries if not e["candidate"]["valid"]]
+    if invalid:
+        parts = []
+        for e in invalid:
+            why = "; ".join(e["candidate"]["invalid_reasons"][:3]) or "invalid"
+            parts.append(f"c = {e['concurrency']}: {_cut(why, 1500)}")
+        message += ". What the candidate's server did: " + " | ".join(parts)[:6000] + ". " + LEVEL_ADVICE
+    return message
 
 
 SERVING_FAILURES = ("rejected", "runtime_error", "timeout")

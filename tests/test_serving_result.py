@@ -76,6 +76,52 @@ def test_a_level_without_an_interactivity_is_invalid_and_gated():
     assert "no turn ended inside the measurement window in some run" in doc["serving"]["levels"][1]["candidate"]["invalid_reasons"]
 
 
+def _failing(c: int, reason: str, **figures) -> dict:
+    return {c: {"valid": False, "invalid_reasons": [reason], **figures}}
+
+
+@pytest.mark.parametrize("figures, reason", [
+    ({"T": 0.0, "I": 0.0, "tokens_in_window": 0}, "12 turns finished short of max_tokens - 1 (e.g. conv-1 turn 0: 0 "
+                                                   "tokens of 150)"),
+    ({"I": 0.0}, "410 of 410 turns failed (100.00% > 0.5%: 410 timeout); the first, conv-3 turn 2: timeout: no "
+                 "complete reply within the turn timeout of 300 s"),
+    ({"T": 0.0, "I": None}, "no turn completed or failed in the whole run (32 still open when the window closed)"),
+], ids=["no-tokens", "every-turn-failed", "nothing-ended"])
+def test_a_candidate_level_with_no_output_or_no_user_rate_is_a_gated_result(figures, reason):
+    """T_c = 0 or I_c = 0 (a server that produces no tokens, or whose every turn of the window fails) gave a
+    ratio of 0, which the schema refused: the result could not be written, and the evaluation ended in exit 3
+    as if the node had failed. It is a result: incorrect, its level invalid, the message saying what the
+    candidate's server did, where, and what to do."""
+    runs = [sf.sweep(1.0, overrides=_failing(16, reason, **figures)) for _ in range(2)]
+    doc = sf.serving_result(candidate=runs, sign=False)  # validated
+    assert doc["status"] == "incorrect" and doc["score"] is None and doc["serving"]["gate"]["invalid_levels"] == [16]
+    lv = doc["serving"]["levels"][2]
+    for m in ("T", "I"):
+        if figures.get(m) == 0.0:
+            assert lv["ratios"][m] == 0.0 and doc["serving"]["score"]["ratios"].get(f"{m}_16", 0.25) == 0.25
+    message = doc["error"]["message"]
+    assert "invalid levels (failed or short turns): c = 16" in message  # what failed
+    assert f"c = 16: run 1: {reason}" in message  # where, and what its turns did
+    assert "one choice (index 0)" in message and "--records DIR" in message  # what to do
+
+
+def test_figures_beyond_what_the_schema_keeps_never_refuse_the_result():
+    """A server's own claims (more cached tokens than prompt tokens), a burst (a TPOT of a nanosecond) or a
+    garbage reply streamed at once (I_c above 10 million tokens/s) are the candidate's; its result is still
+    written: an unscored figure out of range becomes null, a scored one is kept at the bound and invalidates
+    the level."""
+    unscored = {"tpot_rate": 2e9, "cache_hit_rate_untrusted": 7.5, "ttft_p50_ms": -1.0, "ttft_p90_ms": 4.0,
+                "itl_p90_ms": 3.0, "usage_disagreement_untrusted": 0.0}
+    runs = [sf.sweep(1.0, overrides={4: {"I": 3e7, "unscored": unscored}}), sf.sweep(1.0)]
+    doc = sf.serving_result(candidate=runs, sign=False)
+    lv = doc["serving"]["levels"][1]
+    run = lv["candidate"]["runs"][0]
+    assert run["unscored"] == {"tpot_rate": None, "cache_hit_rate_untrusted": None, "ttft_p50_ms": None,
+                               "ttft_p90_ms": 4.0, "itl_p90_ms": 3.0, "usage_disagreement_untrusted": 0.0}
+    assert run["I"] == 1e7 and not run["valid"] and "I_c = 3e+07 tokens/s, beyond the 1e+07" in run["invalid_reasons"][0]
+    assert doc["status"] == "incorrect" and doc["serving"]["gate"]["invalid_levels"] == [4]
+
+
 def test_patch_flags_become_advisory_flags_and_a_review_is_held():
     gate = {**sf.PATCH_GATE, "flags": [{"file": "python/sglang/srt/environ.py", "line": 14, "pattern": "file:srt/environ.py",
                                         "why": "a change to the server's environment", "text": "+FOO = 1"}]}
@@ -171,7 +217,7 @@ MALFORMED = [
     ("serving/levels/0/candidate/runs/0/unscored/cache_hit_rate_untrusted", 1.5, "greater than the maximum of 1"),
     ("serving/levels/0/candidate/runs/0/extra", 1, "Additional properties"),
     ("serving/levels/0/concurrency", 0, "less than the minimum of 1"),
-    ("serving/levels/0/ratios/T", 0, "less than or equal to the minimum"),
+    ("serving/levels/0/ratios/T", -0.5, "less than the minimum of 0"),
     ("serving/levels/0/baseline/invalid_reasons", ["x" * 2001], "is too long"),
     ("serving/score/S", 4.5, "greater than the maximum of 4"),
     ("serving/score/G", 2, "is not one of"),

@@ -32,7 +32,8 @@ Reported, not scored (the server's own `usage` is trusted for none of them):
 
 Validity, over the whole run (warm-up included; cancelled turns left out): a level is invalid when no
 turn completed, when more than 0.5% of turns failed (HTTP errors, broken streams, stream errors,
-timeouts), or when any turn finished with fewer than max_tokens - 1 tokens.
+timeouts), or when any turn finished with fewer than max_tokens - 1 tokens. Each reason says what, with
+the first such turn (its conversation, turn and error) as the example.
 
 Percentiles interpolate linearly between order statistics (numpy's default, "linear").
 """
@@ -45,6 +46,11 @@ from typing import Any, Iterable
 
 FAILED = ("http_error", "broken", "stream_error", "timeout")
 MAX_FAILED_FRACTION = 0.005
+MAX_EXAMPLE = 400  # characters of a failed turn's error quoted in a reason (the result keeps 2,000 a reason)
+
+
+def _cut(text: str, cap: int) -> str:
+    return text if len(text) <= cap else text[:cap - 3] + "..."
 
 
 def percentile(values: Iterable[float], p: float) -> float | None:
@@ -198,11 +204,16 @@ def validity(turns: list[dict[str, Any]]) -> tuple[bool, list[str], dict[str, in
     ended = failed + short + counts.get("ok", 0)
     reasons = []
     if ended == 0:
-        reasons.append("no turn completed or failed in the whole run")
+        open_ = counts.get("cancelled", 0)
+        reasons.append("no turn completed or failed in the whole run" +
+                       (f" ({open_} still open when the window closed: a turn must finish inside the window)"
+                        if open_ else ""))
     elif failed / ended > MAX_FAILED_FRACTION:
         kinds = ", ".join(f"{counts[s]} {s}" for s in FAILED if counts.get(s))
+        first = min((t for t in turns if t["status"] in FAILED), key=lambda t: t["send_ns"] or 0)
         reasons.append(f"{failed} of {ended} turns failed ({100 * failed / ended:.2f}% > "
-                       f"{100 * MAX_FAILED_FRACTION:g}%: {kinds})")
+                       f"{100 * MAX_FAILED_FRACTION:g}%: {kinds}); the first, {first['conversation']} turn "
+                       f"{first['turn']}: {first['status']}: {_cut(first['error'] or '', MAX_EXAMPLE)}")
     if short:
         worst = min((t for t in turns if t["status"] == "short"), key=lambda t: t["tokens_streamed"] - t["max_tokens"])
         reasons.append(f"{short} turns finished short of max_tokens - 1 (e.g. {worst['conversation']} turn "

@@ -39,12 +39,40 @@ How a level is replayed (serving-track.md, "The replay"):
   timeout (`timeout`); a turn that finishes with fewer than max_tokens - 1 tokens is `short`. A failed
   turn ends its conversation (its history has no reply to continue from) and the lane takes the next one.
 
+What a turn's stream must be (serving-track.md: "One choice and one content field per stream; anything
+else is that turn's error"). The parse is total: every byte sequence a server can send ends as a reply,
+`broken`, or `stream_error` with what was wrong and the chunk's number; none raises, and no text counts twice.
+- Lines: `data: <payload>` lines count (`data:` then the payload, spaces around it ignored); every other
+  line (blank separators, `event:`, `id:`, `: comments`) is skipped. A line longer than MAX_LINE_BYTES is a
+  stream_error (a server that never ends its line cannot fill the client's memory).
+- The payload `[DONE]`, exactly, ends the stream (whatever follows is read and dropped). Any other payload
+  must be a JSON object (UTF-8, no NaN, no number beyond a double, no lone surrogate, nested less deep
+  than the recursion limit); `"[DONE]"`, `[done]`, `null`, a number, a list are stream_errors.
+- An object with a non-null `error`, or `object: "error"`, is the server's error: stream_error.
+- `usage`: absent, null or an object. Only its token counts are kept (prompt_tokens, completion_tokens,
+  total_tokens, prompt_tokens_details.cached_tokens, each where it is an integer), as the server claims
+  them: logged, never used for a count.
+- `choices`: absent, null or a list of at most one choice (a usage-only chunk has none). Two or more
+  choices, or one whose `index` is not 0 (absent counts as 0), is a stream_error: the replay asks for one
+  reply (n = 1) and counts one.
+- The choice is an object; its `delta` absent, null or an object (other delta fields, `role`, `tool_calls`,
+  carry no counted text); its `finish_reason` absent, null or a string (a non-empty one finishes the reply).
+- The text: `delta.content` and `delta.reasoning_content`, each absent, null or a string. A reply's text is
+  in one field: the first that carries text (a non-empty string) is the reply's field, and text in the other
+  one, in the same chunk or a later one, is a stream_error (a reasoning parser's split reply, or the same
+  words in both fields, would otherwise count twice). Text after the choice's finish_reason is a
+  stream_error (a second reply appended to the first), and so is more text than max_tokens tokens could
+  spell (MAX_CHARS_PER_TOKEN characters a token, plus a margin): the excess never counts anyway
+  (a turn counts at most max_tokens), and the client keeps none of it.
+- Everything else in a chunk (id, model, created, logprobs, extra fields) is ignored.
+
 The output (JSON, one document): `facts` (marker, seed, engine, concurrency, window bounds on the run's
 own clock, the dataset's content sha256, the flush, the tokenizer) and `turns`, one plain record per
 turn sent: lane, conversation, pass, turn index, canary flag, max_tokens, send_ns, first_ns (the first
 token's chunk), end_ns (the last counted token's chunk, or when it failed or was cancelled), status,
 error, chunk_ns and chunk_tokens (every content chunk's arrival and the tokens attributed to it),
-tokens (counted, at most max_tokens), tokens_streamed (before that cap), usage (as reported, unused),
+tokens (counted, at most max_tokens), tokens_streamed (before that cap), usage (the token counts as
+reported, unused),
 and for canary turns the token ids. Every time is in nanoseconds from the run's origin (facts.origin_ns
 is that origin on the perf_counter_ns clock). pipeline/serving/metrics.py turns the records into T_c,
 I_c and the unscored figures; the command adds them as `level` (with --gpus) and prints them.
@@ -53,6 +81,7 @@ I_c and the unscored figures; the command adds them as `level` (with --gpus) and
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import secrets
@@ -72,6 +101,13 @@ FAILED = ("http_error", "broken", "stream_error", "timeout")
 STATUSES = ("ok", "short", *FAILED, "cancelled")
 
 DEFAULT_TURN_TIMEOUT_S = 300.0
+# The stream's bounds (the module's docstring): a line of the stream, and the text of one reply.
+MAX_LINE_BYTES = 8 << 20
+MAX_CHARS_PER_TOKEN = 256
+REPLY_MARGIN_CHARS = 64 * 1024
+TEXT_FIELDS = ("content", "reasoning_content")
+MAX_BRACKETS_UNCHECKED = 1000  # a chunk with more [ and { is checked for its depth first (_take)
+USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
 # SGLang refuses a flush while requests are pending (the previous level's may still be draining): retry.
 FLUSH_ATTEMPTS = 20
 FLUSH_RETRY_S = 0.5
@@ -85,7 +121,8 @@ class _Turn:
     """One turn in flight: what the hot loop appends to, turned into a plain record after the run."""
 
     __slots__ = ("lane", "conversation", "pass_", "turn", "canary", "max_tokens", "send_ns", "end_ns",
-                 "status", "error", "times", "ends", "pieces", "chars", "usage", "finished")
+                 "status", "error", "times", "ends", "pieces", "chars", "usage", "finished", "chunks", "field",
+                 "max_chars")
 
     def __init__(self, lane: int, conversation: str, pass_: int, turn: int, canary: bool, max_tokens: int):
         self.lane, self.conversation, self.pass_, self.turn = lane, conversation, pass_, turn
@@ -100,6 +137,9 @@ class _Turn:
         self.chars = 0
         self.usage: Any = None
         self.finished = False
+        self.chunks = 0  # data lines read so far: where a stream_error names its chunk
+        self.field: str | None = None  # the delta field that carries this reply's text (TEXT_FIELDS)
+        self.max_chars = max_tokens * MAX_CHARS_PER_TOKEN + REPLY_MARGIN_CHARS
 
     def text(self) -> str:
         return "".join(self.pieces)
@@ -212,36 +252,119 @@ async def _ready(session, url: str, adapter: engines.Adapter) -> None:
                           "is it running, and is --url right?") from None
 
 
+def _kind(value: Any) -> str:
+    """The JSON name of a parsed value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(
+        type(value), f"a {type(value).__name__}")
+
+
+def _bad(turn: _Turn, data: bytes, what: str) -> bool:
+    """The turn's stream_error: which chunk, what was wrong with it, the chunk as it came (cut)."""
+    shown = data[:160]
+    turn.status = "stream_error"
+    turn.error = (f"chunk {turn.chunks} of the stream: {what} (data: {shown!r}{'...' if len(data) > 160 else ''}); "
+                  "a turn streams chat.completion.chunk objects with one choice, index 0, its text in one delta field")
+    return False
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """The token counts of a chunk's usage, where they are non-negative integers; nothing else of it."""
+    out: dict[str, Any] = {}
+    for key in USAGE_COUNTS:
+        v = usage.get(key)
+        if type(v) is int and v >= 0:
+            out[key] = v
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and type(details.get("cached_tokens")) is int and details["cached_tokens"] >= 0:
+        out["prompt_tokens_details"] = {"cached_tokens": details["cached_tokens"]}
+    return out
+
+
 def _take(turn: _Turn, line: bytes, t: int, loads) -> bool:
-    """Fold one SSE line, read at t, into the turn; False once the stream is over ([DONE] or an error)."""
+    """Fold one SSE line, read at t, into the turn; False once the stream is over ([DONE] or an error).
+
+    Total: whatever the line holds, it returns (the rules are the module's docstring's); a malformed
+    chunk sets the turn's status to stream_error and says what was wrong."""
     if not line.startswith(b"data:"):
         return True  # blank separators, comments, event names
     data = line[5:].strip()
+    turn.chunks += 1
     if data == b"[DONE]":
         turn.finished = True
         return False
-    obj = loads(data)
+    try:
+        if data.count(b"[") + data.count(b"{") > MAX_BRACKETS_UNCHECKED:
+            # orjson recurses without a bound: a few hundred thousand nested brackets (a chunk of a few
+            # hundred KB) overflow the C stack, a segfault of the whole evaluator. The standard library's
+            # parser stops at the recursion limit; it reads such a chunk first.
+            json.loads(data)
+        obj = loads(data)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, too deep, NaN, a number beyond a double
+        return _bad(turn, data, f"not JSON ({type(exc).__name__}: {str(exc)[:200]})")
     if not isinstance(obj, dict):
-        turn.status, turn.error = "stream_error", f"a chunk that is not an object: {data[:200]!r}"
-        return False
-    if "error" in obj or obj.get("object") == "error":
-        turn.status, turn.error = "stream_error", f"the server streamed an error: {data[:300]!r}"
+        return _bad(turn, data, f"JSON of another kind ({_kind(obj)}), not an object")
+    if obj.get("error") is not None or obj.get("object") == "error":
+        turn.status, turn.error = "stream_error", f"chunk {turn.chunks} of the stream: the server streamed an error: {data[:300]!r}"
         return False
     usage = obj.get("usage")
     if usage is not None:
-        turn.usage = usage
-    for choice in obj.get("choices") or ():
-        delta = choice.get("delta") or {}
-        # A reasoning parser moves part of the reply to reasoning_content; it is output all the same.
-        for key in ("reasoning_content", "content"):
-            piece = delta.get(key)
-            if piece:
-                turn.chars += len(piece)
-                turn.pieces.append(piece)
-                turn.ends.append(turn.chars)
-                turn.times.append(t)
-        if choice.get("finish_reason"):
-            turn.finished = True
+        if not isinstance(usage, dict):
+            return _bad(turn, data, f"`usage` is {_kind(usage)}, not an object")
+        turn.usage = _usage(usage)
+    choices = obj.get("choices")
+    if choices is None:
+        return True
+    if not isinstance(choices, list):
+        return _bad(turn, data, f"`choices` is {_kind(choices)}, not a list")
+    if not choices:
+        return True  # a usage-only chunk
+    if len(choices) > 1:
+        return _bad(turn, data, f"`choices` holds {len(choices)} choices; the replay asks for one reply and counts one")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return _bad(turn, data, f"the choice is {_kind(choice)}, not an object")
+    index = choice.get("index", 0)
+    if type(index) is not int or index != 0:
+        return _bad(turn, data, f"a choice with index {index!r}; the one reply asked for is index 0")
+    delta = choice.get("delta")
+    if delta is None:
+        delta = {}
+    elif not isinstance(delta, dict):
+        return _bad(turn, data, f"`delta` is {_kind(delta)}, not an object")
+    finish = choice.get("finish_reason")
+    if finish is not None and not isinstance(finish, str):
+        return _bad(turn, data, f"`finish_reason` is {_kind(finish)}, not a string or null")
+    texts = []
+    for key in TEXT_FIELDS:
+        piece = delta.get(key)
+        if piece is None:
+            continue
+        if not isinstance(piece, str):
+            return _bad(turn, data, f"`delta.{key}` is {_kind(piece)}, not a string or null")
+        if piece:
+            texts.append((key, piece))
+    if texts:
+        if turn.finished:
+            return _bad(turn, data, "text after the choice's finish_reason (a reply ends at its finish)")
+        fields = {key for key, _ in texts} | ({turn.field} if turn.field else set())
+        if len(fields) > 1:
+            return _bad(turn, data, "text in both `delta.content` and `delta.reasoning_content` of one reply; a reply's "
+                                    "text is in one field, counted once")
+        key, piece = texts[0]
+        turn.field = key
+        if turn.chars + len(piece) > turn.max_chars:
+            return _bad(turn, data, f"more than {turn.max_chars:,} characters of text, more than {turn.max_tokens} "
+                                    "tokens (max_tokens) can spell")
+        turn.chars += len(piece)
+        turn.pieces.append(piece)
+        turn.ends.append(turn.chars)
+        turn.times.append(t)
+    if finish:
+        turn.finished = True
     return True
 
 
@@ -286,33 +409,54 @@ async def _stream(session, url: str, payload: bytes, turn: _Turn) -> None:
             # Whatever the socket delivered at once is read at once and split into lines here: one await
             # per read rather than per line (aiohttp's readline costs more than the rest of a chunk), and
             # the lines that arrived together share the time they arrived.
-            rest = b""
+            partial: list[bytes] = []  # a line still without its end, in the pieces it came in
+            held = 0
             going = True
             async for data in resp.content.iter_any():
                 t = perf()
-                lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
+                if b"\n" not in data:
+                    partial.append(data)
+                    held += len(data)
+                    if held > MAX_LINE_BYTES:
+                        turn.chunks += 1
+                        going = _bad(turn, partial[0][:200], f"a line of more than {MAX_LINE_BYTES:,} bytes (its end not yet come)")
+                        break
+                    continue
+                if partial:  # joined once, when its end came: never a copy per read
+                    data = b"".join((*partial, data))
+                    partial, held = [], 0
+                lines = data.split(b"\n")
                 rest = lines.pop()
                 for line in lines:
-                    if line and not _take(turn, line, t, loads):
+                    if len(line) > MAX_LINE_BYTES:
+                        turn.chunks += 1
+                        going = _bad(turn, line[:200], f"a line of more than {MAX_LINE_BYTES:,} bytes ({len(line):,})")
+                    elif line and not _take(turn, line, t, loads):
                         going = False
+                    if not going:
                         break
                 if not going:
                     break
-            if going and rest:
-                _take(turn, rest, perf(), loads)  # a last line without its newline
+                if rest:
+                    partial, held = [rest], len(rest)
+            if going and partial:
+                _take(turn, b"".join(partial), perf(), loads)  # a last line without its newline
             elif not going and turn.status is None:
                 # [DONE]: read the stream to its end (nothing after [DONE] counts), so that the connection
                 # goes back to the pool; a response left unread is closed, and the lane's next turn would
-                # pay for a new connection inside the event loop
-                await resp.content.read()
+                # pay for a new connection inside the event loop. Read and dropped, and no more than a line's
+                # worth: a server that goes on streaming after [DONE] has its connection closed instead.
+                drained = 0
+                async for data in resp.content.iter_any():
+                    drained += len(data)
+                    if drained > MAX_LINE_BYTES:
+                        break
         if turn.status is not None:
             return
         if not turn.finished:
             turn.status, turn.error = "broken", "the stream ended without a finish_reason or [DONE]"
             return
         turn.status = "done"
-    except orjson.JSONDecodeError as exc:
-        turn.status, turn.error = "stream_error", f"a chunk that is not JSON: {exc}"
     except (aiohttp.ClientError, ConnectionError, ValueError) as exc:
         turn.status, turn.error = "broken", f"{type(exc).__name__}: {exc}"
     finally:

@@ -20,8 +20,10 @@ an engine:
 
 The script's modes: `ttft_s` and `token_s` set the timing; `buffer` computes the stream with that timing
 but sends it all at the end; `short_by` stops that many tokens early (and says finish_reason "stop");
-`fail_every` answers every k-th request with HTTP 500; `usage_factor` makes `usage` lie about the
-completion tokens and claim every prompt token was cached; `hang_s` stalls before the first token;
+`fail_every` answers every k-th request with HTTP 500 (k-th of the launch's requests, whatever
+`words_from` makes of their words; so do `bad_chunk_every` and `hang_from`); `usage_factor` makes `usage` lie about the
+completion tokens and claim every prompt token was cached; `hang_s` stalls before the first token (from
+the `hang_from`-th request of the launch on: 2 lets a launch's warm-up request through);
 `break_after` cuts the connection after that many tokens; `split_words` sends each word in two chunks
 (" th", "e": a token split across chunks); `special_every` makes every k-th token `<|im_end|>` (what a
 model forced past its end writes); `timestamps` puts the server's send time
@@ -35,6 +37,14 @@ chat request (a server that crashes mid-level), `exit_at_start` exits before it 
 fails), `spawn_detached` starts a grandchild in a session of its own that sleeps (what a stop must kill too),
 `flush_hang_s` makes /flush_cache answer that late (a server that stops answering between levels),
 `answer_hang_s` a request that is not streamed (GSM8K's) wait that long first.
+The shapes of a stream (what the replay must refuse, pipeline/serving/replay.py's docstring): `field` puts a
+reply's text in `content` (the default), `reasoning_content`, `both` (every word in both fields of its chunk)
+or `split` (the first half of the words in reasoning_content, the rest in content: a reasoning parser's split);
+`choices` sends that many choices a chunk (each the same words, index 0, 1, ...) and `choice_index` numbers
+the one choice otherwise; `bad_chunk_every` k sends, in every k-th request (1: all), one extra line
+`data: <bad_chunk>` after the first content chunk, the payload `bad_chunk` repeated `bad_chunk_repeat` times
+and encoded as `bad_chunk_encoding` (latin-1 makes any byte), and `bad_chunk_newline` false leaves that
+line without its end (the stream goes on after it on the same line). `done_payload` replaces `[DONE]`.
 `asgi_app` is a minimal ASGI app (GET /health, GET /stream: five chunks at once) for the launch's
 delay knob, which wraps what uvicorn serves.
 A request with `"stream": false` gets one chat.completion object with the whole reply.
@@ -65,6 +75,7 @@ SCRIPT = {
     "fail_every": 0,
     "usage_factor": 1.0,
     "hang_s": 0.0,
+    "hang_from": 0,
     "break_after": None,
     "timestamps": False,
     "log_sends": False,
@@ -80,6 +91,15 @@ SCRIPT = {
     "spawn_detached": False,
     "flush_hang_s": 0.0,
     "answer_hang_s": 0.0,
+    "field": "content",
+    "choices": 1,
+    "choice_index": 0,
+    "bad_chunk_every": 0,
+    "bad_chunk": "",
+    "bad_chunk_repeat": 1,
+    "bad_chunk_encoding": "utf-8",
+    "bad_chunk_newline": True,
+    "done_payload": "[DONE]",
 }
 
 # Common English words, each one token for Qwen's BPE (a leading space and letters are one pre-token).
@@ -125,12 +145,20 @@ def forced_length(body: dict) -> int:
     return int(body.get("max_tokens") or 16)
 
 
-def chunk(cid: str, content: str | None, finish: str | None = None, t_send: int | None = None) -> bytes:
-    choice: dict = {"index": 0, "delta": {} if content is None else {"content": content}}
+def chunk(cid: str, content: str | None, finish: str | None = None, t_send: int | None = None,
+          field: str = "content", choices: int = 1, index: int = 0) -> bytes:
+    if content is None:
+        delta: dict = {}
+    elif field == "both":
+        delta = {"reasoning_content": content, "content": content}
+    else:
+        delta = {field: content}
+    choice: dict = {"index": index, "delta": delta}
     if finish is not None:
         choice["finish_reason"] = finish
+    listed = [choice] if choices == 1 else [{**choice, "index": i} for i in range(choices)]
     obj: dict = {"id": cid, "object": "chat.completion.chunk", "created": 0, "model": "scripted",
-                 "choices": [choice]}
+                 "choices": listed}
     if t_send is not None:
         obj["t_send_ns"] = t_send
     return b"data: " + orjson.dumps(obj) + b"\n\n"
@@ -142,7 +170,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     t_start = time.perf_counter_ns()
     body = orjson.loads(await request.read())  # a long history is a large body: orjson keeps up
     state.count += 1
-    index = state.count
+    index = number = state.count  # number: the request's place in this launch's count, whatever its words
     if script["die_after"] is not None and index > int(script["die_after"]):
         print(f"scripted server: dying at request {index} as scripted (die_after {script['die_after']})", flush=True)
         os._exit(70)
@@ -155,7 +183,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     state.in_flight += 1
     state.max_in_flight = max(state.max_in_flight, state.in_flight)
     try:
-        if script["fail_every"] and index % script["fail_every"] == 0:
+        if script["fail_every"] and number % script["fail_every"] == 0:
             return web.json_response({"error": {"message": "scripted failure", "code": 500}}, status=500)
         n = forced_length(body)
         sent = max(0, n - int(script["short_by"]))
@@ -182,17 +210,26 @@ async def chat(request: web.Request) -> web.StreamResponse:
             entry["key"] = json.dumps([str(msgs[0].get("content", "")).split("\n\n", 1)[0],
                                        str(msgs[1].get("content", ""))[:200], len(msgs)])
         pending: list[bytes] = []
-        if script["hang_s"]:
+        if script["hang_s"] and number >= int(script["hang_from"]):
             await asyncio.sleep(script["hang_s"])
         if script["ttft_s"]:
             await asyncio.sleep(script["ttft_s"])
         await resp.write(chunk(cid, None) if not script["buffer"] else b"")
         k = 0
         paced_from = time.perf_counter()
+        shape = script["field"]
+        bad = b""
+        if script["bad_chunk_every"] and number % int(script["bad_chunk_every"]) == 0:
+            bad = b"data: " + (script["bad_chunk"] * int(script["bad_chunk_repeat"])).encode(script["bad_chunk_encoding"])
+            bad += b"\n\n" if script["bad_chunk_newline"] else b""
         while k < sent:
             words = "".join(word(index, j, script["special_every"]) for j in range(k, min(sent, k + per)))
+            field = shape if shape != "split" else "reasoning_content" if 2 * k < sent else "content"
             k = min(sent, k + per)
-            data = chunk(cid, words, t_send=time.perf_counter_ns() if stamps else None)
+            data = chunk(cid, words, t_send=time.perf_counter_ns() if stamps else None, field=field,
+                         choices=int(script["choices"]), index=int(script["choice_index"]))
+            if bad:
+                data, bad = data + bad, b""  # after the first content chunk
             if script["split_words"]:
                 data = chunk(cid, words[:2]) + chunk(cid, words[2:])
             if script["buffer"]:
@@ -227,10 +264,14 @@ async def chat(request: web.Request) -> web.StreamResponse:
         pending.append(b"data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "choices": [],
                                                "usage": usage}).encode() + b"\n\n")
         if script["done"]:
-            pending.append(b"data: [DONE]\n\n")
+            pending.append(b"data: " + script["done_payload"].encode() + b"\n\n")
         await resp.write(b"".join(pending))
         await resp.write_eof()
         return resp
+    except ConnectionResetError:
+        # the client went away mid-stream (a turn it refused, a timeout): nothing to log, since a test reads
+        # neither of this process's pipes and a traceback a request would fill them until the server stalls
+        return web.Response(status=499)
     finally:
         state.in_flight -= 1
         entry["t_end_ns"] = time.perf_counter_ns()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import subprocess
 import sys
@@ -299,6 +300,198 @@ def test_timeouts_and_broken_streams_are_failed_turns(server, tok):
     broken = [r for r in doc["turns"] if r["status"] == "broken"]
     assert broken and all(r["tokens"] == 3 for r in broken)
     assert not metrics.level(doc, gpus=1)["valid"]
+
+
+# ---- the stream's shape: one choice, one text field, every other shape that turn's stream_error ----
+# (pipeline/serving/replay.py's docstring, "What a turn's stream must be")
+
+def _ended(doc):
+    return [r for r in doc["turns"] if r["status"] != "cancelled"]
+
+
+@pytest.mark.parametrize("shape, fragment", [
+    ({"field": "both"}, "text in both `delta.content` and `delta.reasoning_content`"),
+    ({"field": "split"}, "text in both `delta.content` and `delta.reasoning_content`"),
+    ({"choices": 2}, "`choices` holds 2 choices"),
+    ({"choice_index": 1}, "a choice with index 1"),
+], ids=["same-words-in-both-fields", "reasoning-then-content", "two-choices", "choice-index-1"])
+def test_a_reply_is_never_counted_twice(server, tok, shape, fragment):
+    """The attack: a server that streams half of each reply, each word in two places (both delta fields, or
+    two choices), or spreads it over two fields, was counted as a whole reply at half the work (T x1.64).
+    Each such turn is a stream_error naming what was wrong, and counts nothing past the shape's first chunk."""
+    server.script(short_by=4, **shape)  # 4 of max_tokens 8 words: double-counted they looked complete
+    doc = run(server, tok, conversations(n=2, turns=3, max_tokens=8), c=1, window=0.2)
+    ended = _ended(doc)
+    assert ended and all(r["status"] == "stream_error" and fragment in r["error"] for r in ended), ended[0]
+    assert all(r["tokens"] <= 2 for r in ended)  # split: its reasoning half before content came
+    lv = metrics.level(doc, gpus=1)
+    assert not lv["valid"] and "stream_error" in lv["invalid_reasons"][0] and fragment in lv["invalid_reasons"][0]
+
+
+def test_a_reply_in_reasoning_content_alone_counts_once(server, tok):
+    server.script(field="reasoning_content")
+    doc = run(server, tok, conversations(n=2, turns=3, max_tokens=6), c=1, window=0.2)
+    ended = _ended(doc)
+    assert ended and all(r["status"] == "ok" and r["tokens"] == r["tokens_streamed"] == 6 for r in ended)
+
+
+# 2 MB of nested lists: orjson alone overflowed the C stack on it (a segfault of the evaluator, no result)
+DEEP = "[" * 1_000_000 + "]" * 1_000_000
+BAD_CHUNKS = {
+    # name: (the payload after `data: `, what the turn's error says, more of the script)
+    "delta-string": ('{"choices":[{"index":0,"delta":"oops"}]}', "`delta` is a string, not an object", {}),
+    "delta-list": ('{"choices":[{"index":0,"delta":[" the"]}]}', "`delta` is a list", {}),
+    "content-number": ('{"choices":[{"index":0,"delta":{"content":7}}]}', "`delta.content` is a number", {}),
+    "content-list": ('{"choices":[{"index":0,"delta":{"content":[" the"]}}]}', "`delta.content` is a list", {}),
+    "content-object": ('{"choices":[{"index":0,"delta":{"content":{"text":" the"}}}]}', "`delta.content` is an object", {}),
+    "content-true": ('{"choices":[{"index":0,"delta":{"content":true}}]}', "`delta.content` is a boolean", {}),
+    "reasoning-number": ('{"choices":[{"index":0,"delta":{"reasoning_content":1.5}}]}', "`delta.reasoning_content` is a number", {}),
+    "choices-object": ('{"choices":{}}', "`choices` is an object, not a list", {}),
+    "choices-string": ('{"choices":"the"}', "`choices` is a string", {}),
+    "choice-null": ('{"choices":[null]}', "the choice is null", {}),
+    "choice-list": ('{"choices":[[{"delta":{"content":" the"}}]]}', "the choice is a list", {}),
+    "two-choices": ('{"choices":[{"index":0,"delta":{}},{"index":1,"delta":{}}]}', "holds 2 choices", {}),
+    "index-1": ('{"choices":[{"index":1,"delta":{"content":" the"}}]}', "a choice with index 1", {}),
+    "index-string": ('{"choices":[{"index":"0","delta":{}}]}', "a choice with index '0'", {}),
+    "index-false": ('{"choices":[{"index":false,"delta":{}}]}', "a choice with index False", {}),
+    "index-float": ('{"choices":[{"index":0.0,"delta":{}}]}', "a choice with index 0.0", {}),
+    "index-null": ('{"choices":[{"index":null,"delta":{}}]}', "a choice with index None", {}),
+    "finish-number": ('{"choices":[{"index":0,"delta":{},"finish_reason":1}]}', "`finish_reason` is a number", {}),
+    "finish-object": ('{"choices":[{"index":0,"delta":{},"finish_reason":{"type":"length"}}]}', "`finish_reason` is an object", {}),
+    "usage-list": ('{"choices":[],"usage":[1,2]}', "`usage` is a list", {}),
+    "usage-number": ('{"choices":[],"usage":12}', "`usage` is a number", {}),
+    "null": ("null", "JSON of another kind (null)", {}),
+    "number": ("7", "JSON of another kind (a number)", {}),
+    "list": ('[{"choices":[]}]', "JSON of another kind (a list)", {}),
+    "done-quoted": ('"[DONE]"', "JSON of another kind (a string)", {}),
+    "done-lowercase": ("[done]", "not JSON", {}),
+    "done-suffixed": ("[DONE]x", "not JSON", {}),
+    "empty": ("", "not JSON", {}),
+    "truncated": ('{"choices":[{"index":0,"delta":{"content":" the', "not JSON", {}),
+    "nan": ('{"choices":[{"index":NaN}]}', "not JSON", {}),
+    "number-beyond-double": ('{"choices":[{"index":1e999}]}', "not JSON", {}),
+    "nested-too-deep": (DEEP, "not JSON (RecursionError", {}),
+    "nested-too-deep-in-a-choice": ('{"choices":[{"index":0,"delta":{"content":' + DEEP + "}}]}",
+                                    "not JSON (RecursionError", {}),
+    "lone-surrogate": ('{"choices":[{"index":0,"delta":{"content":"\\ud800"}}]}', "not JSON", {}),
+    "not-utf8": ('{"choices":[{"index":0,"delta":{"content":" th\xff"}}]}', "not JSON", {"bad_chunk_encoding": "latin-1"}),
+    "error-object": ('{"error":{"message":"out of memory","code":500}}', "the server streamed an error", {}),
+    "error-kind": ('{"object":"error","message":"boom"}', "the server streamed an error", {}),
+    "text-after-finish": ('{"choices":[{"index":0,"delta":{"content":" the"},"finish_reason":"stop"}]}',
+                          "text after the choice's finish_reason", {}),
+    "more-text-than-max-tokens": ('{"choices":[{"index":0,"delta":{"content":"' + "x" * 70_000 + '"}}]}',
+                                  "characters of text, more than 4 tokens (max_tokens) can spell", {}),
+    "a-line-of-9-MB": ("x", "a line of more than 8,388,608 bytes", {"bad_chunk_repeat": 9 << 20, "window": 0.6}),
+    "a-line-never-ended": ("x", "a line of more than 8,388,608 bytes", {"bad_chunk_repeat": 9 << 20,
+                                                                       "bad_chunk_newline": False, "window": 0.6}),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CHUNKS))
+def test_any_other_shape_of_chunk_is_that_turn_s_stream_error(server, tok, name):
+    """One chunk of any other shape, after the first content chunk of every reply: that turn is a
+    stream_error naming the chunk and what was wrong, the replay goes on (the next turn is sent), nothing
+    raises. Before this guard `"delta": "oops"`, `"content": 7` or `"choices": {}` raised in the replayer
+    and the whole evaluation ended in exit 3 with no result."""
+    payload, fragment, extra = BAD_CHUNKS[name]
+    extra = dict(extra)
+    window = extra.pop("window", 0.15)  # a few lines of megabytes take longer
+    server.script(bad_chunk_every=1, bad_chunk=payload, **extra)
+    doc = run(server, tok, conversations(n=2, turns=2, max_tokens=4), c=1, window=window)
+    ended = _ended(doc)
+    assert len(ended) >= 2  # a failed turn ends its conversation, and the lane went on with the next
+    for r in ended:
+        assert r["status"] == "stream_error" and fragment in r["error"], r["error"][:500]
+        assert re.match(r"chunk [0-9]+ of the stream: ", r["error"]) and len(r["error"]) < 1000
+        # the first content chunk's word before the bad one (and the finishing chunk's own word)
+        assert r["tokens"] <= (2 if name == "text-after-finish" else 1)
+
+
+@pytest.mark.parametrize("payload", [
+    '{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',  # role only, empty text
+    '{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":null,"tool_calls":null},"finish_reason":null}]}',
+    '{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":"many","extra":[1]}}',  # usage only
+    '{"choices":null,"usage":null}', "{}", '{"choices":[{"delta":null}]}', '{"choices":[{"index":0}]}',
+    '{"choices":[{"index":0,"delta":{"content":""},"finish_reason":""}]}', '{"error":null,"choices":[]}',
+], ids=["role-only", "all-null", "usage-only", "nulls", "empty-object", "delta-null", "no-delta", "empty-strings",
+        "error-null"])
+def test_chunks_that_carry_no_text_are_accepted(server, tok, payload):
+    server.script(bad_chunk_every=1, bad_chunk=payload)
+    doc = run(server, tok, conversations(n=2, turns=2, max_tokens=4), c=1, window=0.15)
+    ended = _ended(doc)
+    assert ended and all(r["status"] == "ok" and r["tokens"] == 4 for r in ended), ended[0]["error"]
+    assert all(r["usage"] == {"prompt_tokens": r["usage"]["prompt_tokens"], "completion_tokens": 4,
+                              "total_tokens": r["usage"]["total_tokens"]} for r in ended)
+
+
+def test_one_bad_chunk_in_fifty_requests_fails_that_turn_and_invalidates_the_level(server, tok):
+    server.script(bad_chunk_every=50, bad_chunk='{"choices":[{"index":0,"delta":"oops"}]}')
+    doc = run(server, tok, conversations(n=8, turns=10, max_tokens=4), c=4, window=1.0)
+    ended = _ended(doc)
+    bad = [r for r in ended if r["status"] == "stream_error"]
+    assert len(ended) >= 100 and bad and all(r["status"] in ("ok", "stream_error") for r in ended)
+    assert 0 <= len(server.log()["requests"]) // 50 - len(bad) <= 1
+    lv = metrics.level(doc, gpus=1)
+    reason = lv["invalid_reasons"][0]
+    assert not lv["valid"] and f"{len(bad)} stream_error" in reason and "`delta` is a string" in reason, reason
+    assert lv["T"] > 0 and lv["I"] > 0
+
+
+def test_the_chunk_parse_is_total():
+    """Thousands of chunk shapes built from every JSON kind, at every place the parse reads: each is taken
+    or is that turn's stream_error; none raises, and the text kept is only strings of one field."""
+    import orjson
+
+    rng = random.Random(40)
+    leaves = [None, True, False, 0, 1, -1, 0.0, 2.5, 1e300, "", " the", "[DONE]", "\x00", "\u2028", "😀", [], {}]
+
+    def value(depth=0):
+        roll = rng.random()
+        if depth > 3 or roll < 0.55:
+            return rng.choice(leaves)
+        if roll < 0.75:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        keys = ["choices", "delta", "content", "reasoning_content", "index", "finish_reason", "usage", "error",
+                "object", "role", "prompt_tokens_details", "cached_tokens", "completion_tokens"]
+        return {rng.choice(keys): value(depth + 1) for _ in range(rng.randint(0, 4))}
+
+    def chunk_like():
+        delta = {k: value(2) if rng.random() < 0.5 else rng.choice([" the", None, ""]) for k in
+                 rng.sample(["content", "reasoning_content", "role", "tool_calls"], rng.randint(0, 3))}
+        choice = {"delta": delta if rng.random() < 0.8 else value(1)}
+        if rng.random() < 0.7:
+            choice["index"] = 0 if rng.random() < 0.7 else value(2)
+        if rng.random() < 0.4:
+            choice["finish_reason"] = rng.choice(["length", "stop", None, ""]) if rng.random() < 0.7 else value(2)
+        obj = {"choices": [choice] * rng.choice([1, 1, 1, 0, 2]) if rng.random() < 0.85 else value(1)}
+        if rng.random() < 0.3:
+            obj["usage"] = value(1)
+        if rng.random() < 0.05:
+            obj["error"] = value(1)
+        return obj if rng.random() < 0.9 else value()
+
+    outcomes = set()
+    for i in range(3000):
+        turn = replay._Turn(0, "c", 0, 0, False, 8)
+        lines = [b"data: " + orjson.dumps(chunk_like()) for _ in range(rng.randint(1, 6))]
+        if i % 10 == 0:  # and bytes: cut, non-UTF-8, [DONE] variants, other SSE lines
+            lines.insert(rng.randrange(len(lines) + 1), rng.choice(
+                [b"data: " + bytes(rng.randrange(256) for _ in range(8)), b"data: [DONE]", b"data:[DONE] ",
+                 b"data: [DONE]\r", b"event: error", b": keep-alive", b"data: " + lines[0][6:-3], b"data:",
+                 b"data: " + b'{"a":' * 200_000 + b"1" + b"}" * 200_000]))
+        for n, line in enumerate(lines):
+            going = replay._take(turn, line, n, orjson.loads)
+            assert isinstance(going, bool)
+            if not going:
+                break
+        assert turn.status in (None, "stream_error")
+        if turn.status:
+            assert turn.error.startswith(f"chunk {turn.chunks} of the stream: ")
+        assert all(isinstance(p, str) and p for p in turn.pieces)
+        assert turn.chars == sum(map(len, turn.pieces)) == (turn.ends[-1] if turn.ends else 0)
+        assert turn.usage is None or isinstance(turn.usage, dict)
+        outcomes.add(turn.status or ("done" if turn.finished else "open"))
+    assert outcomes == {"stream_error", "done", "open"}
 
 
 def test_canaries_replay_fixed_history_and_keep_their_tokens(server, tok):

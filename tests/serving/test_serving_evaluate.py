@@ -33,7 +33,10 @@ def inputs(tmp_path_factory):
     tag = f"evaluate-test-{os.getpid()}-{d.name}"
     pin = pin_with(d / "pin.toml",
                    scripted_template({"token_s": 0.003}, tag=tag),
-                   scripted_template({"exit_at_start": 4}, name="scripted-broken", tag=tag))
+                   scripted_template({"exit_at_start": 4}, name="scripted-broken", tag=tag),
+                   # a server whose every stream holds a chunk of the wrong shape: as the baseline, the node's fault
+                   scripted_template({"token_s": 0.003, "bad_chunk_every": 1, "bad_chunk": '{"choices":{}}'},
+                                     name="scripted-garbage", tag=tag))
     limits = d / "competition.toml"
     limits.write_text((ROOT / "competition.toml").read_text().replace("level_extra = 300", "level_extra = 1.5")
                       .replace("gsm8k = 3600", "gsm8k = 2"))
@@ -174,12 +177,24 @@ FAILING = {
     "gsm8k": ({"answer_hang_s": 120}, ("--limits",), "scripted"),
     "baseline": (None, (), "scripted-broken"),
 }
+# The candidate's own failures, each a result (exit 1), never the harness's exit 3 (issue 40), and a baseline
+# that streams garbage, which is exit 3: five more evaluations at once, so the heavy tier's (the default tier
+# has the replay's and the result's tests of the same failures: tests/serving/test_replay.py,
+# tests/test_serving_result.py). One chunk of the wrong shape in 50 requests (the launch's 50th, in its c = 4
+# level), every turn stalled past its timeout (the launch's warm-up request let through), 20% of turns
+# failed, no token at all.
+CANDIDATE_FAILS = {
+    "baseline-garbage": (None, (), "scripted-garbage"),
+    "bad-chunk": ({"bad_chunk_every": 50, "bad_chunk": '{"choices":[{"index":0,"delta":"oops"}]}'}, (), "scripted"),
+    "stalls": ({"hang_s": 120, "hang_from": 2}, ("--turn-timeout-s", "0.3"), "scripted"),
+    "fails-turns": ({"fail_every": 5}, (), "scripted"),
+    "no-tokens": ({"short_by": 10_000}, (), "scripted"),
+}
 
 
-@pytest.fixture(scope="module")
-def failing(inputs, sglang_tree, tmp_path_factory):
+def _evaluate_all(inputs, sglang_tree, tmp_path_factory, cases: dict) -> dict:
     procs = {}
-    for name, (script, extra, template) in FAILING.items():
+    for name, (script, extra, template) in cases.items():
         d = tmp_path_factory.mktemp(f"failing-{name}")
         s = Scratch(d / "clone", sglang_tree, (ACT,))
         s.append(ACT, "# tuned for the H200\n")
@@ -187,7 +202,7 @@ def failing(inputs, sglang_tree, tmp_path_factory):
             s.write(SCRIPT, json.dumps(script) + "\n")
         patch = d / "patch.diff"
         patch.write_bytes(s.diff())
-        args = ["--limits", str(inputs["limits"])] if "--limits" in extra else []
+        args = ["--limits", str(inputs["limits"])] if "--limits" in extra else list(extra)
         out = d / "result.json"
         procs[name] = (out, subprocess.Popen(_command(inputs, out, patch, *args, template=template), cwd=ROOT,
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -197,6 +212,16 @@ def failing(inputs, sglang_tree, tmp_path_factory):
         got[name] = _finish(inputs, out, subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
     assert _tagged(inputs["tag"]) == [], "a server of the evaluation outlived it"
     return got
+
+
+@pytest.fixture(scope="module")
+def failing(inputs, sglang_tree, tmp_path_factory):
+    return _evaluate_all(inputs, sglang_tree, tmp_path_factory, FAILING)
+
+
+@pytest.fixture(scope="module")
+def candidate_fails(inputs, sglang_tree, tmp_path_factory):
+    return _evaluate_all(inputs, sglang_tree, tmp_path_factory, CANDIDATE_FAILS)
 
 
 @pytest.mark.heavy  # whole serving evaluations
@@ -260,6 +285,67 @@ def test_the_baseline_failing_is_the_harness_s_fault_and_writes_nothing(failing)
     rc, doc, err = failing["baseline"]
     assert rc == 3 and doc is None, err[-3000:]
     assert "no result was written" in err and "block 1/4 (baseline)" in err and "exiting before it listens" in err
+
+
+@pytest.mark.heavy  # whole serving evaluations (CANDIDATE_FAILS)
+def test_a_baseline_that_streams_garbage_is_the_harness_s_fault_and_writes_nothing(candidate_fails):
+    rc, doc, err = candidate_fails["baseline-garbage"]
+    assert rc == 3 and doc is None, err[-3000:]
+    assert "block 1/4 (baseline) c = 1, run 1/1: the unpatched baseline's level is invalid" in err
+    assert "`choices` is an object, not a list" in err and "no result was written" in err
+
+
+def _gated(failing, name: str) -> tuple[dict, str]:
+    """The candidate's failure as a result: exit 1, a document the schema validates (result.read), status
+    incorrect with no score, and a message that says what the server did, where, and what to do."""
+    rc, doc, err = failing[name]
+    assert rc == 1 and doc is not None, err[-3000:]
+    assert doc["status"] == "incorrect" and doc["score"] is None and doc["serving"]["score"]["S"] == 0, doc["error"]
+    message = doc["error"]["message"]
+    assert message.startswith("the correctness gate failed (G = 0, so S = 0)")
+    assert "What the candidate's server did: c = " in message and "--records DIR" in message, message
+    assert "the unpatched baseline's level is invalid" not in err
+    return doc, message
+
+
+@pytest.mark.heavy  # whole serving evaluations (CANDIDATE_FAILS)
+def test_a_candidate_with_one_bad_chunk_in_fifty_requests_gets_a_failing_result(candidate_fails):
+    doc, message = _gated(candidate_fails, "bad-chunk")
+    invalid = doc["serving"]["gate"]["invalid_levels"]
+    assert invalid and "stream_error" in message and "`delta` is a string, not an object" in message, message
+    for lv in doc["serving"]["levels"]:
+        k = lv["candidate"]
+        assert k["turns_by_status"].get("stream_error", 0) <= 2 and k["T"] > 0  # one turn of ~50 a block
+        assert (lv["concurrency"] in invalid) == bool(k["failed"])
+
+
+@pytest.mark.heavy  # whole serving evaluations (CANDIDATE_FAILS)
+def test_a_candidate_whose_turns_stall_past_their_timeout_gets_a_failing_result(candidate_fails):
+    doc, message = _gated(candidate_fails, "stalls")
+    assert doc["serving"]["gate"]["invalid_levels"] == [1, 4]
+    assert "timeout: no complete reply within the turn timeout of 0.3 s" in message, message
+    for lv in doc["serving"]["levels"]:
+        assert lv["candidate"]["T"] == 0 and lv["candidate"]["I"] in (0, None) and lv["ratios"]["T"] == 0
+
+
+@pytest.mark.heavy  # whole serving evaluations (CANDIDATE_FAILS)
+def test_a_candidate_that_fails_a_fifth_of_its_turns_gets_a_failing_result(candidate_fails):
+    doc, message = _gated(candidate_fails, "fails-turns")
+    assert doc["serving"]["gate"]["invalid_levels"] == [1, 4]
+    assert "http_error: HTTP 500" in message and "scripted failure" in message, message
+    for lv in doc["serving"]["levels"]:
+        k = lv["candidate"]
+        assert k["I"] == 0 and lv["ratios"]["I"] == 0  # P10 of u over the window's turns, a fifth of them 0
+        assert 0.1 < k["failed"] / sum(k["turns_by_status"].get(s, 0) for s in ("ok", "http_error")) < 0.3
+
+
+@pytest.mark.heavy  # whole serving evaluations (CANDIDATE_FAILS)
+def test_a_candidate_that_produces_no_tokens_gets_a_failing_result(candidate_fails):
+    doc, message = _gated(candidate_fails, "no-tokens")
+    assert doc["serving"]["gate"]["invalid_levels"] == [1, 4]
+    assert "turns finished short of max_tokens - 1" in message and ": 0 tokens of" in message, message
+    for lv in doc["serving"]["levels"]:
+        assert lv["candidate"]["T"] == 0 and lv["candidate"]["I"] == 0 and lv["ratios"] == {"T": 0, "I": 0}
 
 
 def test_a_cancelled_evaluation_stops_every_server_and_writes_nothing(inputs, scratch, tmp_path):
