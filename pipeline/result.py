@@ -565,7 +565,9 @@ def serving_document(
         S, ungated = 0.0, None
         ratios = {f"{m}_{e['concurrency']}": sc.clip(e["ratios"][m]) for e in level_entries for m in sc.METRICS
                   if e["ratios"][m] is not None}
-    interval = [S / (1 + spread), min(S * (1 + spread), sc.CLIP[1])]
+    # The runs' own spread, the candidate's included (score.score_interval, a bootstrap over each block's runs)
+    interval = (sc.score_interval(figures(cleaned["baseline block 1"]), figures(cleaned["baseline block 2"]),
+                                  figures(cleaned["candidate"]), G, levels) if ungated is not None else [S, S])
     performance = []
     for e in level_entries:
         for m in sc.METRICS:

@@ -36,7 +36,8 @@ def test_a_passing_result_restates_s_and_the_ratios_where_every_track_reads_them
     # the baseline's second block is 1% above its first at its second run: medians of 0 and 1% -> spread 0.5%
     assert s["baseline_spread"] == pytest.approx(0.005) and s["eps"] == pytest.approx(0.01)
     lo, hi = doc["score"]["interval"]
-    assert lo < s["S"] < hi and hi / s["S"] == pytest.approx(1.005)
+    # the bootstrap over each block's runs (score.score_interval): here the baseline's 1% at one run of four
+    assert lo <= s["S"] <= hi and hi / lo < 1.02, (lo, hi)
     perf = {p["workload"]: p for p in doc["performance"]}
     assert sorted(perf) == sorted(f"{m}_{c}" for c in sf.LEVELS for m in "TI")
     for c, (T, I) in sf.BASE.items():
