@@ -23,6 +23,8 @@ import tokenize
 import unicodedata
 from dataclasses import dataclass
 
+from pipeline.pysource import dotted
+
 # module (or module prefix) imported -> (code, why)
 _IMPORTS = {
     "threading": ("threads", "starts or manages threads"),
@@ -421,15 +423,7 @@ def _canonical(path: str) -> str:
 
 
 def _called(node: ast.Call) -> str | None:
-    func = node.func
-    parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(func.id)
-        return ".".join(reversed(parts))
-    return None
+    return dotted(node.func)
 
 
 def _constant_str(node: ast.AST) -> str | None:

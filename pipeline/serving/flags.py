@@ -58,6 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from pipeline.pysource import dotted
+
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.serving.pin import Pin
 
@@ -279,21 +281,12 @@ def _calls(node: ast.AST) -> set[str]:
     names = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Call):
-            name = _dotted_plain(n.func)
+            name = dotted(n.func)
             if name:
                 names.add(name)
     return names
 
 
-def _dotted_plain(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def _unreachable(node: ast.AST) -> ast.stmt | None:
@@ -386,7 +379,7 @@ class _Context:
 
     def dotted(self, node: ast.AST) -> str | None:
         """`a.b.c` with its head resolved through the aliases (`o.environ` -> `os.environ`)."""
-        plain = _dotted_plain(node)
+        plain = dotted(node)
         if plain is None:
             return None
         head, _, rest = plain.partition(".")
