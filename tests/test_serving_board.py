@@ -72,8 +72,10 @@ def test_ranks_by_s_with_ties_within_intervals_and_the_best_result_each(root):
     assert [(r, e.login, e.pr) for r, e in st.rows] == [(1, "bob", 23), (1, "ann", 21), (3, "cat", 24), (4, "dan", 25)]
     assert st.holder.login == "bob", "a tie goes to the earlier accepted"
     ann = next(e for _, e in st.rows if e.login == "ann")
+    # the bootstrap over each block's runs (score.score_interval): the candidate's runs agree, the baseline's
+    # second block is 1% off at one run of two, so the interval reaches down by that and not up
     assert ann.speedup == pytest.approx((1.3 * 1.2) ** 0.5) and (ann.lo, ann.hi) == pytest.approx(
-        (ann.speedup / 1.005, ann.speedup * 1.005))
+        (ann.speedup / 1.005, ann.speedup))
     assert {e.login: e.state for e in st.unranked} == {"fay": "under_review", "gus": "disqualified",
                                                        "hal": "out_of_window"}
 
@@ -85,10 +87,10 @@ def test_the_board_markdown_of_serving_results(root):
     assert lines[0] == ("| rank | competitor | score | 95% interval | T c=1 | I c=1 | T c=4 | I c=4 | T c=16 | I c=16 | "
                         "T c=32 | I c=32 | PR | accepted (UTC) | notes |")
     s_ann, s_bob = (1.3 * 1.2) ** 0.5, (1.24 * 1.25) ** 0.5
-    assert lines[2] == (f"| 1 | [@bob](https://github.com/bob) | {s_bob:.3f} | {s_bob / 1.005:.3f}-{s_bob * 1.005:.3f} | "
+    assert lines[2] == (f"| 1 | [@bob](https://github.com/bob) | {s_bob:.3f} | {s_bob / 1.005:.3f}-{s_bob:.3f} | "
                         + "1.240 | 1.250 | " * 4 + f"[#23]({REPO}/23) | 2026-10-24 02:00:00 |  |")
     assert lines[3].startswith(f"| 1 | [@ann](https://github.com/ann) | {s_ann:.3f} | ") and "| 1.300 | 1.200 |" in lines[3]
-    assert lines[4].startswith("| 3 | [@cat](https://github.com/cat) | 1.235 | 1.229-1.241 | 1.235 |")
+    assert lines[4].startswith("| 3 | [@cat](https://github.com/cat) | 1.235 | 1.229-1.235 | 1.235 |")
     assert lines[5] == "| | baseline (unpatched SGLang) | 1.000 | | " + "1.000 | " * 8 + "| | |"
     # 0.9 is below 1 - eps (eps = 1%): the shortfall counts twice, S = 0.9^2 / 0.99
     assert lines[6].startswith(f"| 4 | [@dan](https://github.com/dan) | {0.81 / 0.99:.3f} |") and "| 0.900 |" in lines[6]

@@ -37,7 +37,7 @@ def test_the_comment_shows_the_per_concurrency_table_the_gate_and_s():
     assert table[0] == report.SERVING_HEADERS
     assert table[1] == ["1", "18.5", "22.4", "1.210x", "142.0", "153.4", "1.080x", "240", "0", "valid"]
     assert [r[0] for r in table[1:5]] == ["1", "4", "16", "32"]
-    assert "**Score S = 1.143 (G = 1; 95% interval 1.137 - 1.149; eps 1.00%" in md
+    assert "**Score S = 1.143 (G = 1; 95% interval 1.137 - 1.143; eps 1.00%" in md
     assert "Would-be rank on the current board: 2 of 5" in md
     assert "- canary agreement 99.10% over 41 turns (the baseline's self-agreement 99.50%; needs 97.50%): ok" in md
     assert "- GSM8K 5-shot 62.00% of 1319 questions (the baseline 62.50%; needs 60.80%): ok" in md
