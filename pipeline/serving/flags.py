@@ -56,7 +56,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from pipeline.pysource import dotted
 
@@ -852,12 +852,12 @@ def _text_flags(rules: _Rules, added: list[tuple[int, str]]) -> list[tuple[int, 
 
 # ---- the patch as a whole ----
 
-def patch_flags(pin: "Pin", patch: bytes, tree: Path, files: list, refused: set[str] = frozenset()) -> list[Flag]:
-    """Every flag of `patch` (already read by the gate into `files`, its _File records) against `tree`.
-    A refused patch (`refused`: the files its reasons name) has its added lines searched as text only: it
-    will not run, may not apply, and reading the syntax trees of a big denied file costs a second."""
-    from pipeline.serving.gate import git_apply
-
+def patch_flags(pin: "Pin", patch: bytes, tree: Path, files: list, git_apply: Callable,
+                refused: set[str] = frozenset()) -> list[Flag]:
+    """Every flag of `patch` (already read by the gate into `files`, its _File records) against `tree`, the patch
+    applied to a copy by `git_apply` (the gate's own, fenced as its check is). A refused patch (`refused`: the files
+    its reasons name) has its added lines searched as text only: it will not run, may not apply, and reading the
+    syntax trees of a big denied file costs a second."""
     rules = _Rules(pin)
     found: list[Flag] = []
     spec = pin.flags

@@ -504,7 +504,7 @@ def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
                               "run `python -m pipeline serving fetch`")
     _git_view(patch, tree, files, reasons, refuse)
 
-    flags = patch_flags(pin, patch, tree, files, {r.file for r in reasons}) if files else []
+    flags = patch_flags(pin, patch, tree, files, git_apply, {r.file for r in reasons}) if files else []
     return verdict(files, flags)
 
 
