@@ -113,7 +113,8 @@ def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_
             break
     kept = sorted(p.name for p in records.iterdir())
     assert "block1-baseline-c1-run1.json.gz" in kept and "block3-candidate-gsm8k.json.gz" in kept
-    assert "block4-baseline-server.log" in kept and len(kept) == 4 * 2 + 2 + 4
+    assert "block4-baseline-server.log" in kept and "block4-baseline-audit.json.gz" in kept
+    assert len(kept) == 4 * 2 + 2 + 4 + 1
     assert doc["status"] == "passed" and s["G"] == 1 and doc["serving"]["gate"]["reasons"] == []
     assert 1 - allowed <= s["S"] <= 1 + allowed, (s, [line for line in err.splitlines() if "T_c" in line])
     assert doc["serving"]["order"] == ["baseline", "candidate", "candidate", "baseline"]
@@ -125,6 +126,11 @@ def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_
     gate = doc["serving"]["gate"]
     assert gate["canary"]["candidate"] == gate["canary"]["baseline"] == 1.0 and gate["canary"]["turns"] >= 2
     assert gate["gsm8k"]["questions"] == 2
+    # the audit: an honest candidate's live turns, re-sent to the last baseline block, are the baseline's replies
+    audit = gate["audit"]
+    assert audit["candidate"] == audit["baseline"] == 1.0 and audit["length_ratio"] == 1.0, audit
+    assert audit["turns"] >= 8 and audit["baseline_turns"] >= 4 and audit["required"] and audit["failed"] == 0
+    assert "block 4/4 (baseline): audit, " in err
     env = doc["environment"]["sandbox"]
     assert set(env) == {"baseline", "candidate"}
     if os.geteuid() == 0:
