@@ -27,7 +27,7 @@ What it does (serving-track.md; competition.toml [serving] holds the official pl
        block 1 baseline   launch | 3 x (c=1: 60+300 s, c=4: 60+600 s, c=16: 60+600 s, c=32: 60+600 s) | stop
        block 2 candidate  launch | the same sweeps                                                    | stop
        block 3 candidate  launch | the same sweeps | GSM8K (1,319 questions)                          | stop
-       block 4 baseline   launch | the same sweeps | GSM8K                                            | stop
+       block 4 baseline   launch | the same sweeps | the audit's re-sends (step 6) | GSM8K           | stop
 
 5. The canaries (the dataset's canary conversations, replayed with fixed history): the first baseline
    block's greedy tokens are the reference; the second baseline block's agreement with them is the
@@ -476,12 +476,15 @@ def _resend_audit(server, plan: Plan, limits, template, tokenizer, sample: dict[
                   resent: dict[str, list[dict[str, Any]]], name: str, progress) -> None:
     """The audit's re-sends to this (the last baseline) server; fills `resent` per side, in the sample's order."""
     import math
+    import random
 
     from pipeline.serving import replay
 
     items = [(side, item) for side in ("candidate", "baseline") for item in sample.get(side, [])]
     if not items:
         return
+    # both sides' turns in one random order, so the calibration sees the same load and batching as the audit
+    random.SystemRandom().shuffle(items)
     bodies = [(item["request"].encode("utf-8"), int(item["max_tokens"])) for _side, item in items]
 
     def ask():
@@ -491,11 +494,16 @@ def _resend_audit(server, plan: Plan, limits, template, tokenizer, sample: dict[
     waves = math.ceil(len(bodies) / AUDIT_CONCURRENCY)
     got = server.call(ask, timeout_s=waves * plan.turn_timeout_s + limits.level_extra_s,
                       what=f"the audit's {len(bodies)} re-sent turns")
+    order = {side: [] for side in ("candidate", "baseline")}
     for (side, item), r in zip(items, got):
         if side == "baseline" and r["status"] != "ok":
             raise replay.ReplayError(f"the audit: the baseline did not answer a turn of its own first block again "
                                      f"({item['conversation']} turn {item['turn']}: {r['status']}, {r['error']})")
-        resent.setdefault(side, []).append(r)
+        order[side].append((item, r))
+    for side, pairs in order.items():
+        # in the sample's order, which the caller zips with: the sample itself is reordered to match
+        sample[side] = [item for item, _r in pairs]
+        resent[side] = [r for _item, r in pairs]
     for side in ("candidate", "baseline"):
         if sample.get(side):
             ok = [r for r in resent.get(side, []) if r["status"] == "ok"]
