@@ -488,7 +488,7 @@ def serving_score_line(doc: dict[str, Any]) -> str | None:
 
 
 def gate_lines(doc: dict[str, Any]) -> list[str]:
-    """The correctness gate's three parts, each with what it needed, and G."""
+    """The correctness gate's four parts, each with what it needed, and G."""
     gate = doc["serving"]["gate"]
     if not gate:
         return []
@@ -515,7 +515,23 @@ def gate_lines(doc: dict[str, Any]) -> list[str]:
         f"GSM8K 5-shot {_pct(gsm['candidate'])} of {_int(gsm['questions'])} questions (the baseline "
         f"{_pct(gsm['baseline'])}; needs {need(gsm['baseline'], gsm['margin'])}): " + ("ok" if g_ok else "FAILED"),
         "invalid levels: " + (", ".join(f"c = {_int(c)}" for c in invalid) + ": FAILED" if invalid else "none"),
-    ]
+    ] + _audit_lines(gate)
+
+
+def _audit_lines(gate: dict[str, Any]) -> list[str]:
+    """The audit (score.py's condition (d)): failed exactly when the gate gave an audit reason."""
+    audit = gate.get("audit")
+    if not isinstance(audit, dict):
+        return []
+    failed = any(isinstance(r, str) and r.startswith("audit:") for r in gate.get("reasons") or [])
+    base, margin = audit.get("baseline"), audit.get("margin")
+    need = (_pct(max(0.0, base - margin)) if all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                  and math.isfinite(x) for x in (base, margin)) else "-")
+    band = audit.get("length_band") or [None, None]
+    return [f"audit of live turns {_pct(audit.get('candidate'))} agreement over {_int(audit.get('turns'))} turns re-sent "
+            f"to the baseline (its self-agreement {_pct(base)} over {_int(audit.get('baseline_turns'))}; needs {need}), "
+            f"length x{_num(audit.get('length_ratio'), '.3f', 0, 1e6)} (band {_num(band[0], 'g', 0, 1e6)} - "
+            f"{_num(band[-1], 'g', 0, 1e6)}): " + ("FAILED" if failed else "ok")]
 
 
 def _level_reasons(doc: dict[str, Any]) -> list[tuple[str, str]]:

@@ -486,6 +486,7 @@ def serving_document(
     candidate: list[Run],
     canary: dict[str, Any],
     gsm8k: dict[str, Any],
+    audit: dict[str, Any],
     official: bool,
     mode: dict[str, Any],
     environment: dict[str, Any],
@@ -502,7 +503,10 @@ def serving_document(
     candidate's runs (B C C B). The score and the gate are computed here, with pipeline/serving/score.py,
     from exactly the figures the document keeps, so the two can never disagree. `canary`: {"candidate",
     "baseline", "turns"} (score.canary_agreement of the candidate and of the second baseline block against
-    the first); `gsm8k`: {"candidate", "baseline", "questions"} (accuracies). `patch_gate`: the patch gate's
+    the first); `gsm8k`: {"candidate", "baseline", "questions"} (accuracies); `audit`: {"candidate",
+    "baseline", "required"}, the first two score.audit_summary()s of the live turns re-sent to the last
+    baseline block (the candidate blocks' and the first baseline block's), `required` whether evidence
+    was due (score.py's gate, condition (d)). `patch_gate`: the patch gate's
     GateVerdict.as_dict(); its flags become advisory flags of the result. `needs_review` holds a result that
     passed the gate for an organizer (its status is then needs_review).
 
@@ -545,7 +549,8 @@ def serving_document(
             m: (min(k[m] / b[m], RATIO_MAX) if k[m] is not None and b[m] else None) for m in ("T", "I")}})
     invalid = [e["concurrency"] for e in level_entries if not e["candidate"]["valid"]]
     G, reasons = sc.gate(candidate_agreement=canary["candidate"], baseline_agreement=canary["baseline"],
-                         candidate_gsm8k=gsm8k["candidate"], baseline_gsm8k=gsm8k["baseline"], invalid_levels=invalid)
+                         candidate_gsm8k=gsm8k["candidate"], baseline_gsm8k=gsm8k["baseline"], invalid_levels=invalid,
+                         audit=audit)
 
     def figures(runs: list[Run]) -> list[sc.Levels]:
         return [{c: {"T": r[c]["T"], "I": r[c]["I"]} for c in levels} for r in runs]
@@ -616,6 +621,11 @@ def serving_document(
                                 "turns": canary["turns"], "margin": sc.CANARY_MARGIN},
                      "gsm8k": {"candidate": gsm8k["candidate"], "baseline": gsm8k["baseline"],
                                "questions": gsm8k["questions"], "margin": sc.GSM8K_MARGIN},
+                     "audit": {"candidate": audit["candidate"]["agreement"], "baseline": audit["baseline"]["agreement"],
+                               "turns": audit["candidate"]["turns"], "baseline_turns": audit["baseline"]["turns"],
+                               "failed": audit["candidate"]["failed"],
+                               "length_ratio": audit["candidate"]["length_ratio"], "margin": sc.AUDIT_MARGIN,
+                               "length_band": list(sc.AUDIT_LENGTH_BAND), "required": bool(audit["required"])},
                      "invalid_levels": invalid},
         },
         "started_at": started_at,

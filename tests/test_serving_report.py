@@ -42,6 +42,8 @@ def test_the_comment_shows_the_per_concurrency_table_the_gate_and_s():
     assert "- canary agreement 99.10% over 41 turns (the baseline's self-agreement 99.50%; needs 97.50%): ok" in md
     assert "- GSM8K 5-shot 62.00% of 1319 questions (the baseline 62.50%; needs 60.80%): ok" in md
     assert "- invalid levels: none" in md and "**Correctness gate: G = 1**" in md
+    assert ("- audit of live turns 99.80% agreement over 48 turns re-sent to the baseline (its self-agreement 99.90% "
+            "over 48; needs 94.90%), length x1.000 (band 0.9 - 1.1): ok") in md
     unscored = [r for r in table if len(r) == len(report.UNSCORED_HEADERS)]
     assert unscored[0] == report.UNSCORED_HEADERS
     assert unscored[2] == ["1", "candidate", "214.7", "189.0", "440.0", "7.82", "83.00%", "240", "0"]
@@ -75,6 +77,16 @@ def test_a_gated_comment_says_which_part_failed_and_why():
     assert rows_of(md)[4][-1] == "INVALID" and rows_of(md)[4][-2] == "9"
     assert "c = 32, candidate: run 1: 9 of 410 turns failed" in md
     assert "Would-be rank" not in md
+
+
+def test_a_comment_gated_by_the_audit_says_so():
+    audit = {"candidate": {"agreement": 0.31, "length_ratio": 1.0, "turns": 48, "failed": 0},
+             "baseline": {"agreement": 1.0, "length_ratio": 1.0, "turns": 48, "failed": 0}, "required": True}
+    doc = sf.serving_result(audit=audit, sign=False)
+    md = report.comment_markdown(doc)
+    assert "**Correctness gate: G = 0**" in md and "audit: the candidate's live replies agree 31.00%" in md
+    assert "- audit of live turns 31.00% agreement over 48 turns" in md and "(band 0.9 - 1.1): FAILED" in md
+    assert "- canary agreement 99.10%" in md and "): ok" in md
 
 
 def test_the_plot_is_embedded_only_from_a_safe_url():

@@ -156,7 +156,7 @@ def test_what_metrics_level_gives_is_what_the_schema_keeps():
                     "head_sha": None},
         patch_gate=sf.PATCH_GATE, engine={"name": "transformers", "version": "5.0", "gpus": 1},
         dataset={"sha256": "cd" * 32, "conversations": 20}, baseline_first=[real(1.0)], baseline_second=[real(1.0)],
-        candidate=[real(2.0)], canary={"candidate": 1.0, "baseline": 1.0, "turns": 2},
+        candidate=[real(2.0)], canary={"candidate": 1.0, "baseline": 1.0, "turns": 2}, audit=sf.AUDIT,
         gsm8k={"candidate": 0.1, "baseline": 0.1, "questions": 50}, official=False,
         mode={"device": "cpu", "model": "smoke", "timing": "closed-loop replay", "seeds": "public"},
         environment={"cpu": "test"}, started_at=result.now(), finished_at=result.now())

@@ -27,12 +27,22 @@ What it does (serving-track.md; competition.toml [serving] holds the official pl
        block 1 baseline   launch | 3 x (c=1: 60+300 s, c=4: 60+600 s, c=16: 60+600 s, c=32: 60+600 s) | stop
        block 2 candidate  launch | the same sweeps                                                    | stop
        block 3 candidate  launch | the same sweeps | GSM8K (1,319 questions)                          | stop
-       block 4 baseline   launch | the same sweeps | GSM8K                                            | stop
+       block 4 baseline   launch | the same sweeps | the audit's re-sends (step 6) | GSM8K           | stop
 
 5. The canaries (the dataset's canary conversations, replayed with fixed history): the first baseline
    block's greedy tokens are the reference; the second baseline block's agreement with them is the
    baseline's self-agreement, the candidate blocks' the candidate's (pipeline/serving/score.py).
-6. The result: pipeline/result.py's serving_document (S, G, eps from the two baseline blocks' spread,
+6. The audit (serving-track.md, "Only the model's own replies count"): every replay run keeps a random
+   sample of its completed live turns, each with its exact request body and reply tokens (replay.py). In
+   the last block (the second B), after its perf runs, AUDIT_RESEND of the candidate blocks' kept turns and
+   AUDIT_RESEND of the first baseline block's (chosen with the OS's randomness) are sent again, byte for
+   byte, to that unpatched server (replay.resend: the same adapter's greedy forced-length body, the same
+   stream parse and tokenizer). Agreement of a turn: score.common_prefix_fraction(the baseline's new reply,
+   the recorded reply); the first block's turns give the baseline's self-agreement, the calibration, the
+   candidate's are gated against it (score.py's condition (d)). A calibration turn the baseline cannot
+   answer is the node's or the harness's fault (exit 3); a candidate turn it cannot answer (the candidate's
+   own earlier replies are in that history) counts as agreement 0.
+7. The result: pipeline/result.py's serving_document (S, G, eps from the two baseline blocks' spread,
    every run's figures), status passed, or needs_review when the gate flagged lines for a maintainer,
    or incorrect when G = 0.
 
@@ -85,6 +95,9 @@ HIDDEN_SUMMARY = REPO_ROOT / "datasets" / "serving" / "hidden-set-summary.json"
 COMPETITION_TOML = REPO_ROOT / "competition.toml"
 ORDER = ("baseline", "candidate", "candidate", "baseline")
 GSM8K_BLOCKS = (2, 3)  # the last candidate block and the last baseline block
+AUDIT_BLOCK = 3  # the last baseline block re-sends the audit's turns (step 5 of the docstring)
+AUDIT_RESEND = 48  # turns re-sent per side: of the candidate blocks' audit samples, and of the first baseline block's
+AUDIT_CONCURRENCY = 8
 
 
 class UsageError(Exception):
@@ -375,6 +388,10 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
     os.chmod(work, 0o755)
     runs: dict[int, list[dict[int, dict[str, Any]]]] = {}
     canaries: dict[int, dict[tuple[str, int], list[int]]] = {}
+    audits: dict[int, list[dict[str, Any]]] = {}
+    population: dict[int, int] = {}
+    audit_sample: dict[str, list[dict[str, Any]]] = {}
+    resent: dict[str, list[dict[str, Any]]] = {}
     gsm8k_results: dict[int, dict[str, Any]] = {}
     launch_s: dict[str, float] = {}
     try:
@@ -384,10 +401,13 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         except launch.TreeError as exc:
             raise HarnessFailure(str(exc)) from None
         for block, side in enumerate(ORDER):
+            if block == AUDIT_BLOCK:
+                audit_sample = audit_choice(audits)
             try:
-                runs[block], canaries[block], gsm8k = _block(
+                runs[block], canaries[block], gsm8k, audits[block], population[block] = _block(
                     block, side, template, trees[side], model, policy, limits, plan, inputs, system, conversations,
-                    tokenizer, dataset_sha, environment, launch_s, progress)
+                    tokenizer, dataset_sha, environment, launch_s, progress,
+                    audit_sample if block == AUDIT_BLOCK else None, resent)
             except CandidateFailure as exc:
                 if side == "baseline":
                     raise HarnessFailure(f"{exc} (the unpatched baseline failed: the node or the harness is at fault, "
@@ -407,6 +427,11 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
             candidate_outputs.setdefault(k, v)
     cand_agreement, turns = sc.canary_agreement(reference, candidate_outputs)
     base_agreement, _ = sc.canary_agreement(reference, canaries[3])
+    audit = {side: sc.audit_summary((r["token_ids"], item["token_ids"])
+                                    for item, r in zip(audit_sample.get(side, []), resent.get(side, [])))
+             for side in ("candidate", "baseline")}
+    # no audit turn is no evidence: a failure where evidence was due (score.py, condition (d))
+    audit["required"] = bool(inputs.official or population.get(1, 0) + population.get(2, 0) > 0)
     engine_facts["launch_s"] = {**launch_s}
     for side in ("baseline", "candidate"):
         values = [v for k, v in launch_s.items() if k.endswith(side)]
@@ -423,7 +448,7 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         doc = result.serving_document(
             submission=submission, patch_gate=verdict_dict, engine=engine_facts, dataset=dataset_facts,
             baseline_first=runs[0], baseline_second=runs[3], candidate=runs[1] + runs[2],
-            canary={"candidate": cand_agreement, "baseline": base_agreement, "turns": turns},
+            canary={"candidate": cand_agreement, "baseline": base_agreement, "turns": turns}, audit=audit,
             gsm8k={"candidate": gsm8k_results[2]["accuracy"], "baseline": gsm8k_results[3]["accuracy"],
                    "questions": gsm8k_results[3]["questions"]},
             official=bool(inputs.official and isolated), mode=mode, environment=environment, started_at=started_at,
@@ -434,10 +459,65 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
     return doc
 
 
+def audit_choice(audits: dict[int, list[dict[str, Any]]], count: int = AUDIT_RESEND) -> dict[str, list[dict[str, Any]]]:
+    """The turns the last baseline block re-sends: `count` of the candidate blocks' kept turns and `count` of the
+    first baseline block's, each drawn without replacement with the OS's randomness (all of them when fewer)."""
+    import random
+
+    chooser = random.SystemRandom()
+    out = {}
+    for side, blocks in (("candidate", (1, 2)), ("baseline", (0,))):
+        pool = [item for b in blocks for item in audits.get(b, [])]
+        out[side] = chooser.sample(pool, min(count, len(pool)))
+    return out
+
+
+def _resend_audit(server, plan: Plan, limits, template, tokenizer, sample: dict[str, list[dict[str, Any]]],
+                  resent: dict[str, list[dict[str, Any]]], name: str, progress) -> None:
+    """The audit's re-sends to this (the last baseline) server; fills `resent` per side, in the sample's order."""
+    import math
+    import random
+
+    from pipeline.serving import replay
+
+    items = [(side, item) for side in ("candidate", "baseline") for item in sample.get(side, [])]
+    if not items:
+        return
+    # both sides' turns in one random order, so the calibration sees the same load and batching as the audit
+    random.SystemRandom().shuffle(items)
+    bodies = [(item["request"].encode("utf-8"), int(item["max_tokens"])) for _side, item in items]
+
+    def ask():
+        return replay.resend(server.url, bodies, tokenizer, engine=template.engine, concurrency=AUDIT_CONCURRENCY,
+                             turn_timeout_s=plan.turn_timeout_s)
+
+    waves = math.ceil(len(bodies) / AUDIT_CONCURRENCY)
+    got = server.call(ask, timeout_s=waves * plan.turn_timeout_s + limits.level_extra_s,
+                      what=f"the audit's {len(bodies)} re-sent turns")
+    order = {side: [] for side in ("candidate", "baseline")}
+    for (side, item), r in zip(items, got):
+        if side == "baseline" and r["status"] != "ok":
+            raise replay.ReplayError(f"the audit: the baseline did not answer a turn of its own first block again "
+                                     f"({item['conversation']} turn {item['turn']}: {r['status']}, {r['error']})")
+        order[side].append((item, r))
+    for side, pairs in order.items():
+        # in the sample's order, which the caller zips with: the sample itself is reordered to match
+        sample[side] = [item for item, _r in pairs]
+        resent[side] = [r for _item, r in pairs]
+    for side in ("candidate", "baseline"):
+        if sample.get(side):
+            ok = [r for r in resent.get(side, []) if r["status"] == "ok"]
+            _say(progress, f"{name}: audit, {len(sample[side])} of the {side}'s live turns re-sent"
+                 + (f" ({len(sample[side]) - len(ok)} not answered)" if len(ok) < len(sample[side]) else ""))
+
+
 def _block(block: int, side: str, template, tree: Path, model: str | None, policy, limits, plan: Plan,
            inputs: Inputs, system: str, conversations: list, tokenizer, dataset_sha: str,
-           environment: dict[str, Any], launch_s: dict[str, float], progress):
-    """One block: launch, the sweeps, GSM8K where it is due, stop. CandidateFailure says how it failed."""
+           environment: dict[str, Any], launch_s: dict[str, float], progress,
+           audit_sample: dict[str, list[dict[str, Any]]] | None = None,
+           resent: dict[str, list[dict[str, Any]]] | None = None):
+    """One block: launch, the sweeps, the audit's re-sends where due, GSM8K where it is due, stop.
+    CandidateFailure says how it failed. Returns (sweeps, canary outputs, GSM8K, audit turns, live turns finished)."""
     from pipeline.serving import engine, gsm8k, launch, metrics, replay
     from pipeline.serving import score as sc
 
@@ -446,6 +526,8 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
     server = launch.Server(template, tree=tree, model=model, policy=policy, limits=limits, delay_ms=delay, label=side)
     sweeps: list[dict[int, dict[str, Any]]] = []
     outputs: dict[tuple[str, int], list[int]] = {}
+    kept: list[dict[str, Any]] = []
+    finished_live = 0
     accuracy = None
     what = "its launch"
     clean_exit = False
@@ -481,6 +563,8 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
                         _write_record(inputs.records / f"block{block + 1}-{side}-c{c}-run{r + 1}.json.gz", doc)
                     for k, v in sc.canary_outputs([doc]).items():
                         outputs.setdefault(k, v)
+                    kept += doc.get("audit") or []
+                    finished_live += int(doc["facts"].get("audit_population") or 0)
                     u = lv["unscored"]
                     _say(progress, f"{name} {what}: T_c {lv['T']:.1f} tok/s/GPU, I_c "
                          + ("-" if lv["I"] is None else f"{lv['I']:.1f}") + " tok/s, TTFT p50 "
@@ -494,6 +578,12 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
                                              "node, the dataset or the windows are at fault (a window must hold "
                                              "whole turns at every level)")
                 sweeps.append(sweep)
+            if audit_sample is not None and resent is not None:
+                what = "the audit"
+                _resend_audit(server, plan, limits, template, tokenizer, audit_sample, resent, name, progress)
+                if inputs.records is not None:
+                    _write_record(inputs.records / f"block{block + 1}-{side}-audit.json.gz",
+                                  {"sample": audit_sample, "resent": resent})
             if block in GSM8K_BLOCKS:
                 what = "GSM8K"
                 _say(progress, f"{name}: GSM8K 5-shot, {plan.gsm8k_questions} questions")
@@ -533,7 +623,7 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
     if clean_exit and server.command is not None and server.command.device == "cuda":
         _gpus_clear(name, environment, progress)  # a failed block stops the evaluation; the runner's check follows
         _node_probe(name, environment, progress)
-    return sweeps, outputs, accuracy
+    return sweeps, outputs, accuracy, kept, finished_live
 
 
 # The node between blocks (B2 runs right after C2: a candidate that left the node slower would gain): the known

@@ -66,6 +66,15 @@ else is that turn's error"). The parse is total: every byte sequence a server ca
   (a turn counts at most max_tokens), and the client keeps none of it.
 - Everything else in a chunk (id, model, created, logprobs, extra fields) is ignored.
 
+The audit sample (serving-track.md, "Only the model's own replies count"): of the live (non-canary) turns
+that finish, AUDIT_SAMPLE are kept by reservoir sampling with the OS's randomness (random.SystemRandom,
+neither the seed nor anything the server sees), each with the exact request body sent (`request`, the
+JSON text) and the reply's token ids as counted (`token_ids`), plus where it came from (lane,
+conversation, pass, turn, max_tokens); those whose turn ends `ok` (not short) go in the document's
+`audit` list, and `facts.audit_population` says how many live turns finished. The evaluation re-sends a
+sample of them to the baseline's server and compares (pipeline/serving/evaluate.py, score.py's gate (d)).
+Nothing about the stream or its timing changes: the body is the one built for the send anyway.
+
 The output (JSON, one document): `facts` (marker, seed, engine, concurrency, window bounds on the run's
 own clock, the dataset's content sha256, the flush, the tokenizer) and `turns`, one plain record per
 turn sent: lane, conversation, pass, turn index, canary flag, max_tokens, send_ns, first_ns (the first
@@ -73,7 +82,8 @@ token's chunk), end_ns (the last counted token's chunk, or when it failed or was
 error, chunk_ns and chunk_tokens (every content chunk's arrival and the tokens attributed to it),
 tokens (counted, at most max_tokens), tokens_streamed (before that cap), usage (the token counts as
 reported, unused),
-and for canary turns the token ids. Every time is in nanoseconds from the run's origin (facts.origin_ns
+and for canary turns the token ids; and `audit`, the sample of live turns the evaluation re-sends to the
+baseline (below). Every time is in nanoseconds from the run's origin (facts.origin_ns
 is that origin on the perf_counter_ns clock). pipeline/serving/metrics.py turns the records into T_c,
 I_c and the unscored figures; the command adds them as `level` (with --gpus) and prints them.
 """
@@ -108,6 +118,7 @@ REPLY_MARGIN_CHARS = 64 * 1024
 TEXT_FIELDS = ("content", "reasoning_content")
 MAX_BRACKETS_UNCHECKED = 1000  # a chunk with more [ and { is checked for its depth first (_take)
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+AUDIT_SAMPLE = 16  # live turns kept per run for the audit (the module's docstring)
 # SGLang refuses a flush while requests are pending (the previous level's may still be draining): retry.
 FLUSH_ATTEMPTS = 20
 FLUSH_RETRY_S = 0.5
@@ -487,10 +498,15 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
     queue = ConversationQueue(len(conversations), seed)
     specials = special_tokens(tokenizer)
     opened: list[_Turn] = []
+    # the audit's reservoir: (turn, its request body) for AUDIT_SAMPLE of the live turns that finished
+    chooser = random.SystemRandom()
+    reservoir: list[tuple[_Turn, bytes]] = []
+    finished_live = 0
 
     async def lane(index: int, session) -> None:
         import orjson
 
+        nonlocal finished_live
         first = True
         while True:
             ci, pass_ = queue.next()
@@ -526,6 +542,14 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
                     raise
                 if turn.status != "done":
                     break  # no reply to continue this conversation from
+                if not turn.canary:
+                    finished_live += 1
+                    if len(reservoir) < AUDIT_SAMPLE:
+                        reservoir.append((turn, payload))
+                    else:
+                        j = chooser.randrange(finished_live)
+                        if j < AUDIT_SAMPLE:
+                            reservoir[j] = (turn, payload)
                 reply = spec["reply"] if turn.canary else strip_special(turn.text(), specials)
                 history.add({"role": "assistant", "content": reply})
 
@@ -552,6 +576,7 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
             # open when the window closed: it ends at the stop, whenever its task noticed the cancel
             turn.status, turn.end_ns = "cancelled", stopped
     records = _records(opened, tokenizer, origin)
+    audit = _audit(reservoir, opened, records)
     window_start = int(warmup_s * 1e9)
     out_facts = {
         "format": FORMAT, "version": FORMAT_VERSION, "engine": engine, "url": base, "model": model,
@@ -559,10 +584,67 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
         "warmup_s": warmup_s, "window_s": window_s, "turn_timeout_s": turn_timeout_s,
         "origin_ns": origin, "window_start_ns": window_start, "window_end_ns": window_start + int(window_s * 1e9),
         "stopped_ns": stopped - origin, "started_at": started_at, "flush": flush,
-        "conversations": len(conversations), "turns_sent": len(records),
+        "conversations": len(conversations), "turns_sent": len(records), "audit_population": finished_live,
     }
     out_facts.update(facts or {})
-    return {"facts": out_facts, "turns": records}
+    return {"facts": out_facts, "turns": records, "audit": audit}
+
+
+def _audit(reservoir: list[tuple[_Turn, bytes]], opened: list[_Turn],
+           records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The kept live turns that ended ok: where each came from, its exact request body, its reply's token ids."""
+    place = {id(t): i for i, t in enumerate(opened)}
+    out = []
+    for turn, payload in reservoir:
+        record = records[place[id(turn)]]
+        if record["status"] != "ok":
+            continue
+        out.append({"lane": turn.lane, "conversation": turn.conversation, "pass": turn.pass_, "turn": turn.turn,
+                    "max_tokens": turn.max_tokens, "request": payload.decode("utf-8"),
+                    "token_ids": record.pop("_ids")})
+    for record in records:
+        record.pop("_ids", None)
+    return out
+
+
+async def resend(url: str, requests: list[tuple[bytes, int]], tokenizer: Any, *, engine: str, concurrency: int = 4,
+                 turn_timeout_s: float = DEFAULT_TURN_TIMEOUT_S) -> list[dict[str, Any]]:
+    """Send these request bodies (each with the max_tokens it asks for) again (the audit: pipeline/serving/evaluate.py) and return per body, in order,
+    {"status", "error", "token_ids"}: the reply read and tokenised as the replay reads and counts it (the
+    same stream parse, the same tokenizer, special tokens kept), at most `concurrency` at once, no cache
+    flush. The body is sent byte for byte, its forced length and greedy decoding included."""
+    import aiohttp
+
+    adapter = engines.adapter(engine)
+    base = url.rstrip("/")
+    chat_url = base + engines.CHAT_PATH
+    turns: list[_Turn] = []
+    for i, (_body, max_tokens) in enumerate(requests):
+        turns.append(_Turn(0, "audit", 0, i, False, int(max_tokens)))
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(session, turn: _Turn, body: bytes) -> None:
+        async with gate:
+            try:
+                async with asyncio.timeout(turn_timeout_s):
+                    await _stream(session, chat_url, body, turn)
+            except TimeoutError:
+                turn.status = "timeout"
+                turn.error = f"no complete reply within the turn timeout of {turn_timeout_s:g} s"
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+    connector = aiohttp.TCPConnector(limit=max(1, concurrency))
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+        await _ready(session, base, adapter)
+        await asyncio.gather(*(one(session, t, b) for t, (b, _n) in zip(turns, requests)))
+    texts = [t.text() for t in turns]
+    encodings = _encode_all(tokenizer, texts) if texts else []
+    out = []
+    for turn, enc in zip(turns, encodings):
+        done = turn.status == "done"
+        out.append({"status": "ok" if done else turn.status, "error": None if done else turn.error,
+                    "token_ids": list(enc.ids)[:turn.max_tokens] if done else None})
+    return out
 
 
 def _encode_all(tokenizer: Any, texts: list[str]) -> list[Any]:
@@ -646,6 +728,8 @@ def _records(opened: list[_Turn], tokenizer: Any, origin: int) -> list[dict[str,
         }
         if turn.canary:
             record["token_ids"] = ids
+        else:
+            record["_ids"] = ids[:turn.max_tokens]  # for the audit sample (_audit), dropped from the record there
         records.append(record)
     return records
 

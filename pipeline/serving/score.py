@@ -25,6 +25,22 @@ Gate G = 1 only if all hold, else 0:
   wrong reply.
 - (b) GSM8K 5-shot accuracy through the chat endpoint after the perf runs >= the baseline's - 1.7 points.
 - (c) no candidate level invalid (metrics.validity).
+- (d) the audit (serving-track.md, "Only the model's own replies count"): the live (non-canary) turns are
+  the model's own replies. Each replay run keeps a random sample of its completed live turns (the request's
+  exact body and the reply's token ids; replay.py picks them with the OS's randomness, which the server
+  cannot see), and the last baseline block re-sends a sample of the candidate blocks' kept turns, and, as
+  the calibration, of the first baseline block's, to the unpatched server (evaluate.py). A turn's audit
+  agreement is common_prefix_fraction(the baseline's new reply, the recorded reply). The candidate's mean
+  must be at least the baseline's self-agreement (its first block against its last, on the same requests)
+  minus AUDIT_MARGIN, and the candidate's mean length ratio (recorded tokens / the baseline's new reply's)
+  must lie in AUDIT_LENGTH_BAND. A server that caches earlier replies or answers live turns with filler
+  agrees near 0; an honest one agrees as the baseline agrees with itself (1 for a deterministic greedy
+  engine; below 1 only where batching noise flips a late near-tie). AUDIT_MARGIN is 5 points, wider than
+  the canaries' 2: an audit sample is a few dozen turns, not every canary turn, so one reply that diverges
+  early from numerical noise moves its mean by a few points; filler or a cache moves it by tens.
+  No audit turn on one side is no evidence: a failure where evidence was due (an official run, or a
+  candidate that completed live turns: then its runs kept some, and the baseline's did too), otherwise
+  (a dataset of canaries only, a test) nothing to audit and no reason.
 
 GSM8K's answers end with `#### <number>`; a model's reply is read for its answer:
 - First the reply is cut where the model starts a question of its own (a line beginning `Question:`, the
@@ -58,6 +74,8 @@ EPS_CAP = 0.5
 RESAMPLES = 2000  # the interval's bootstrap resamples
 CANARY_MARGIN = 0.02  # 2 points of agreement
 GSM8K_MARGIN = 0.017  # 1.7 points of accuracy
+AUDIT_MARGIN = 0.05  # 5 points of audit agreement (the module's docstring, (d), says why)
+AUDIT_LENGTH_BAND = (0.9, 1.1)  # the candidate's recorded reply length / the baseline's new reply's, mean
 
 Levels = dict[int, dict[str, float]]
 
@@ -254,10 +272,55 @@ def gsm8k_messages(shots: list[dict[str, str]], question: str) -> list[dict[str,
     return messages
 
 
+def audit_summary(pairs: Iterable[tuple[list[int] | None, list[int]]]) -> dict[str, Any]:
+    """{agreement, length_ratio, turns, failed} of audited turns, each (the baseline's new reply's token ids, or
+    None where the baseline gave none, the recorded reply's token ids): the mean common-prefix fraction
+    (reference: the baseline's new reply) and the mean of recorded length / new length. A turn the baseline
+    could not answer counts as agreement 0 and length ratio 0. None for the means when there is no turn."""
+    agreements, lengths, failed = [], [], 0
+    for new, recorded in pairs:
+        if new is None:
+            failed += 1
+            agreements.append(0.0)
+            lengths.append(0.0)
+            continue
+        agreements.append(common_prefix_fraction(new, recorded))
+        lengths.append(len(recorded) / len(new) if new else (1.0 if not recorded else 0.0))
+    n = len(agreements)
+    return {"agreement": sum(agreements) / n if n else None, "length_ratio": sum(lengths) / n if n else None,
+            "turns": n, "failed": failed}
+
+
+def audit_reasons(candidate: dict[str, Any], baseline: dict[str, Any], required: bool) -> list[str]:
+    """Condition (d)'s reasons (none when it holds): `candidate` and `baseline` are audit_summary()s (the
+    candidate blocks' turns and the first baseline block's, re-sent to the last baseline block), `required`
+    whether evidence was due (the module's docstring)."""
+    reasons = []
+    c, b = candidate.get("agreement"), baseline.get("agreement")
+    if c is None or b is None:
+        if required:
+            side = " and ".join(s for s, v in (("the candidate", c), ("the baseline", b)) if v is None)
+            reasons.append(f"audit: no live turn of {side} was kept and re-sent to the baseline, so nothing shows "
+                           "the candidate's live replies are the model's own (no evidence)")
+        return reasons
+    if c < b - AUDIT_MARGIN - 1e-12:
+        reasons.append(f"audit: the candidate's live replies agree {100 * c:.2f}% with the baseline's replies to the "
+                       f"same requests ({candidate.get('turns')} turns re-sent), below the baseline's self-agreement "
+                       f"{100 * b:.2f}% minus {100 * AUDIT_MARGIN:g} points: its replies are not the model's own "
+                       "(cached, or filler)")
+    ratio = candidate.get("length_ratio")
+    if ratio is not None and not AUDIT_LENGTH_BAND[0] <= ratio <= AUDIT_LENGTH_BAND[1]:
+        reasons.append(f"audit: the candidate's live replies are {ratio:.3f} x the length of the baseline's replies to "
+                       f"the same requests, outside [{AUDIT_LENGTH_BAND[0]:g}, {AUDIT_LENGTH_BAND[1]:g}]")
+    return reasons
+
+
 def gate(*, candidate_agreement: float | None, baseline_agreement: float | None,
          candidate_gsm8k: float, baseline_gsm8k: float,
-         invalid_levels: Iterable[int] = ()) -> tuple[int, list[str]]:
-    """(G, reasons): 1 when all three conditions hold; otherwise 0 and every reason it failed."""
+         invalid_levels: Iterable[int] = (), audit: dict[str, Any]) -> tuple[int, list[str]]:
+    """(G, reasons): 1 when all four conditions hold; otherwise 0 and every reason it failed.
+
+    `audit`: {"candidate": audit_summary, "baseline": audit_summary, "required": bool} (condition (d))."""
     reasons = []
     if candidate_agreement is None or baseline_agreement is None:
         reasons.append("no canary turn was replayed by both the candidate and the baseline")
@@ -270,6 +333,7 @@ def gate(*, candidate_agreement: float | None, baseline_agreement: float | None,
     invalid = sorted(set(invalid_levels))
     if invalid:
         reasons.append("invalid levels (failed or short turns): c = " + ", ".join(map(str, invalid)))
+    reasons += audit_reasons(audit["candidate"], audit["baseline"], bool(audit["required"]))
     return (0 if reasons else 1), reasons
 
 

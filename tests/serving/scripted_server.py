@@ -37,6 +37,14 @@ chat request (a server that crashes mid-level), `exit_at_start` exits before it 
 fails), `spawn_detached` starts a grandchild in a session of its own that sleeps (what a stop must kill too),
 `flush_hang_s` makes /flush_cache answer that late (a server that stops answering between levels),
 `answer_hang_s` a request that is not streamed (GSM8K's) wait that long first.
+For the audit (serving-track.md, "Only the model's own replies count"): `words_from: "whole"` picks the words
+from a hash of every message, the system message's first line (the run's marker) included, as a real model's
+greedy reply depends on its whole prompt; `filler_live` answers a live turn (one whose history holds a reply
+of this server's own words) with other words of the same length (WORDS shifted by FILLER_SHIFT), while a
+turn whose history holds only the dataset's fixed replies (a canary, a conversation's first turn) is
+answered properly; `reply_cache` serves the stored reply for any request whose messages, less the system
+message's first line, were seen before by this launch (across runs and levels: a cache of earlier replies
+keyed on the content a run's marker cannot change).
 The shapes of a stream (what the replay must refuse, pipeline/serving/replay.py's docstring): `field` puts a
 reply's text in `content` (the default), `reasoning_content`, `both` (every word in both fields of its chunk)
 or `split` (the first half of the words in reasoning_content, the rest in content: a reasoning parser's split);
@@ -100,7 +108,11 @@ SCRIPT = {
     "bad_chunk_encoding": "utf-8",
     "bad_chunk_newline": True,
     "done_payload": "[DONE]",
+    "filler_live": False,
+    "reply_cache": False,
 }
+
+FILLER_SHIFT = 7  # filler_live's words: every position a different word from the proper reply's
 
 # Common English words, each one token for Qwen's BPE (a leading space and letters are one pre-token).
 WORDS = (" the", " of", " and", " to", " in", " is", " that", " it", " for", " on", " with", " as", " was",
@@ -124,6 +136,37 @@ def prompt_index(body: dict, offset: int = 0) -> int:
     return int.from_bytes(digest[:4], "big") + offset
 
 
+def whole_index(body: dict, offset: int = 0) -> int:
+    """A reply's first word from every message, the run's marker included (words_from "whole")."""
+    import hashlib
+
+    digest = hashlib.sha256(orjson.dumps(body.get("messages") or [], option=orjson.OPT_SORT_KEYS)).digest()
+    return int.from_bytes(digest[:4], "big") + offset
+
+
+def content_key(body: dict) -> bytes:
+    """The request's messages less the system message's first line (the run's marker and pass): what
+    reply_cache keys its stored replies on."""
+    msgs = list(body.get("messages") or [])
+    if msgs and msgs[0].get("role") == "system":
+        msgs[0] = {**msgs[0], "content": str(msgs[0].get("content", "")).split("\n", 1)[-1]}
+    return orjson.dumps(msgs, option=orjson.OPT_SORT_KEYS)
+
+
+OWN_WORDS = frozenset(w.strip() for w in WORDS)
+
+
+def live_turn(body: dict) -> bool:
+    """Whether the history holds a reply made of this server's words (its own earlier reply: a live turn);
+    the dataset's fixed replies (canaries, staggered starts) are sentences with other words."""
+    for m in body.get("messages") or []:
+        if m.get("role") == "assistant":
+            pieces = str(m.get("content", "")).split()
+            if pieces and all(p in OWN_WORDS for p in pieces):
+                return True
+    return False
+
+
 class State:
     def __init__(self) -> None:
         self.script = dict(SCRIPT)
@@ -135,6 +178,7 @@ class State:
         self.max_in_flight = 0
         self.flushes: list[int] = []  # perf_counter_ns of each flush call
         self.count = 0
+        self.cache: dict[bytes, int] = {}  # reply_cache: content_key -> the stored reply's index
 
 
 def forced_length(body: dict) -> int:
@@ -176,6 +220,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
         os._exit(70)
     if script["words_from"] == "prompt":
         index = prompt_index(body, int(script["words_offset"]))
+    elif script["words_from"] == "whole":
+        index = whole_index(body, int(script["words_offset"]))
+    if script["reply_cache"] and body.get("stream") is not False:
+        index = state.cache.setdefault(content_key(body), index)
+    if script["filler_live"] and live_turn(body):
+        index += FILLER_SHIFT
     entry = {"index": index, "t_start_ns": t_start, "t_end_ns": None,
              "peer": (request.transport.get_extra_info("peername") or [None, None])[1],
              "body": body if script["record_bodies"] else {k: v for k, v in body.items() if k != "messages"}}

@@ -509,6 +509,37 @@ def test_canaries_replay_fixed_history_and_keep_their_tokens(server, tok):
     assert all(len(r["token_ids"]) == 5 for r in canary)
 
 
+def test_the_audit_keeps_a_random_sample_of_live_turns_with_their_exact_requests(server, tok):
+    # (issue 40) the sample the evaluation re-sends to the baseline: live turns that ended ok, each with the
+    # body exactly as sent and the reply's token ids as counted; OS randomness, so two runs with the same
+    # seed keep different turns; and resend() gets the same tokens back from a server whose replies follow
+    # from the prompt, other tokens from one whose replies do not.
+    convs = conversations(n=6, turns=5, max_tokens=6, canary=(0,))
+    server.script(words_from="prompt")
+    doc = run(server, tok, convs, c=4, window=0.4)
+    received = [r["body"] for r in server.log()["requests"]]
+    ok_live = [r for r in doc["turns"] if not r["canary"] and r["status"] == "ok"]
+    assert len(ok_live) > 2 * replay.AUDIT_SAMPLE and doc["facts"]["audit_population"] >= len(ok_live)
+    audit = doc["audit"]
+    assert len(audit) == replay.AUDIT_SAMPLE  # only finished turns are kept, and with this script all are ok
+    for item in audit:
+        assert item["conversation"] != "conv0"  # never a canary
+        assert json.loads(item["request"]) in received
+        record = next(r for r in doc["turns"] if (r["lane"], r["conversation"], r["pass"], r["turn"]) ==
+                      (item["lane"], item["conversation"], item["pass"], item["turn"]))
+        assert record["status"] == "ok" and len(item["token_ids"]) == record["tokens"] == item["max_tokens"]
+        assert "_ids" not in record
+    again = run(server, tok, convs, c=4, window=0.4)
+    keys = [{(i["conversation"], i["pass"], i["turn"]) for i in d["audit"]} for d in (doc, again)]
+    assert keys[0] != keys[1]
+    bodies = [(i["request"].encode(), i["max_tokens"]) for i in audit]
+    got = asyncio.run(replay.resend(server.url, bodies, tok, engine="sglang"))
+    assert [g["token_ids"] for g in got] == [i["token_ids"] for i in audit] and {g["status"] for g in got} == {"ok"}
+    server.script(words_from="prompt", words_offset=3)
+    got = asyncio.run(replay.resend(server.url, bodies, tok, engine="sglang"))
+    assert all(g["token_ids"][0] != i["token_ids"][0] for g, i in zip(got, audit))
+
+
 def test_tokens_split_across_chunks_belong_to_the_chunk_that_completes_them(server, tok):
     server.script(split_words=True, token_s=0.002)
     doc = run(server, tok, conversations(n=1, turns=2, max_tokens=6), c=1, window=0.3)

@@ -120,8 +120,13 @@ def test_unscorable_input_is_refused_with_the_place():
         score.score_from_ratios([1.0], 1.0)
 
 
+AUDITED = {"candidate": {"agreement": 1.0, "length_ratio": 1.0, "turns": 32, "failed": 0},
+           "baseline": {"agreement": 1.0, "length_ratio": 1.0, "turns": 32, "failed": 0}, "required": True}
+
+
 def test_gate_conditions():
-    ok = dict(candidate_agreement=0.95, baseline_agreement=0.96, candidate_gsm8k=0.40, baseline_gsm8k=0.41)
+    ok = dict(candidate_agreement=0.95, baseline_agreement=0.96, candidate_gsm8k=0.40, baseline_gsm8k=0.41,
+              audit=AUDITED)
     assert score.gate(**ok) == (1, [])
     assert score.gate(**{**ok, "candidate_agreement": 0.94})[0] == 1  # exactly 2 points below: allowed
     g, reasons = score.gate(**{**ok, "candidate_agreement": 0.9399})
@@ -134,8 +139,45 @@ def test_gate_conditions():
     g, reasons = score.gate(**{**ok, "candidate_agreement": None})
     assert g == 0 and "no canary turn" in reasons[0]
     g, reasons = score.gate(candidate_agreement=0.1, baseline_agreement=0.9, candidate_gsm8k=0.0,
-                            baseline_gsm8k=0.5, invalid_levels=[1])
+                            baseline_gsm8k=0.5, invalid_levels=[1], audit=AUDITED)
     assert g == 0 and len(reasons) == 3
+
+
+def _audit(candidate_pairs, baseline_pairs, required=True):
+    return {"candidate": score.audit_summary(candidate_pairs), "baseline": score.audit_summary(baseline_pairs),
+            "required": required}
+
+
+def test_gate_audit_condition():
+    # (d): live replies checked against the baseline's replies to the same requests. Issue 40's two servers:
+    # one that caches earlier replies and one that pads live turns with filler of the same length; both
+    # pass the canaries, GSM8K and every level, so only the audit can gate them.
+    ok = dict(candidate_agreement=1.0, baseline_agreement=1.0, candidate_gsm8k=0.5, baseline_gsm8k=0.5)
+    reply = list(range(100, 120))
+    honest = [(reply, list(reply))] * 16
+    filler = [(reply, [7] * 20)] * 12 + [(reply, list(reply))] * 4  # the first turns of conversations honest
+    assert score.gate(**ok, audit=_audit(honest, honest)) == (1, [])
+    g, reasons = score.gate(**ok, audit=_audit(filler, honest))
+    assert g == 0 and len(reasons) == 1 and reasons[0].startswith("audit: the candidate's live replies agree 25.00%")
+    assert "self-agreement 100.00% minus 5 points" in reasons[0]
+    # a late divergence on one turn in sixteen (batching noise) is within the margin; the baseline's own noise
+    # lowers the bar for the candidate too
+    late = [(reply, reply[:15] + [0] * 5)] + honest[1:]
+    assert score.gate(**ok, audit=_audit(late, honest))[0] == 1
+    noisy_base = [(reply, reply[:10] + [0] * 10)] * 4 + honest[4:]
+    assert score.gate(**ok, audit=_audit([(reply, reply[:10] + [0] * 10)] * 5 + honest[5:], noisy_base))[0] == 1
+    # replies the baseline could not answer (a history it refuses) count as 0
+    assert score.audit_summary([(None, reply)]) == {"agreement": 0.0, "length_ratio": 0.0, "turns": 1, "failed": 1}
+    # lengths: the same words, a third longer, are not the model's reply to this request
+    long = [(reply, reply + reply[:8])] * 16
+    g, reasons = score.gate(**ok, audit=_audit(long, honest))
+    assert g == 0 and "1.400 x the length" in reasons[0]
+    # no evidence: a failure only where it was due
+    g, reasons = score.gate(**ok, audit=_audit([], honest))
+    assert g == 0 and "no live turn of the candidate was kept" in reasons[0] and "no evidence" in reasons[0]
+    g, reasons = score.gate(**ok, audit=_audit(honest, []))
+    assert g == 0 and "of the baseline" in reasons[0]
+    assert score.gate(**ok, audit=_audit([], [], required=False)) == (1, [])
 
 
 def test_canary_agreement_on_recorded_runs():
@@ -149,7 +191,7 @@ def test_canary_agreement_on_recorded_runs():
         expected, expected_n = runs["expected"][name]
         assert agreement == pytest.approx(expected, abs=1e-6) and n == expected_n, name
         found[name] = agreement
-    gsm = dict(candidate_gsm8k=0.5, baseline_gsm8k=0.5)
+    gsm = dict(candidate_gsm8k=0.5, baseline_gsm8k=0.5, audit=AUDITED)
     assert score.gate(candidate_agreement=found["candidate_bad"], baseline_agreement=found["baseline_second"], **gsm)[0] == 0
     assert score.gate(candidate_agreement=found["candidate_good"], baseline_agreement=found["baseline_second"], **gsm)[0] == 1
     assert score.canary_agreement(reference, {}) == (None, 0)

@@ -36,7 +36,9 @@ def inputs(tmp_path_factory):
                    scripted_template({"exit_at_start": 4}, name="scripted-broken", tag=tag),
                    # a server whose every stream holds a chunk of the wrong shape: as the baseline, the node's fault
                    scripted_template({"token_s": 0.003, "bad_chunk_every": 1, "bad_chunk": '{"choices":{}}'},
-                                     name="scripted-garbage", tag=tag))
+                                     name="scripted-garbage", tag=tag),
+                   # replies that depend on the whole prompt, the run's marker included, as a real model's do
+                   scripted_template({"token_s": 0.003, "words_from": "whole"}, name="scripted-whole", tag=tag))
     limits = d / "competition.toml"
     limits.write_text((ROOT / "competition.toml").read_text().replace("level_extra = 300", "level_extra = 1.5")
                       .replace("gsm8k = 3600", "gsm8k = 2"))
@@ -113,7 +115,8 @@ def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_
             break
     kept = sorted(p.name for p in records.iterdir())
     assert "block1-baseline-c1-run1.json.gz" in kept and "block3-candidate-gsm8k.json.gz" in kept
-    assert "block4-baseline-server.log" in kept and len(kept) == 4 * 2 + 2 + 4
+    assert "block4-baseline-server.log" in kept and "block4-baseline-audit.json.gz" in kept
+    assert len(kept) == 4 * 2 + 2 + 4 + 1
     assert doc["status"] == "passed" and s["G"] == 1 and doc["serving"]["gate"]["reasons"] == []
     assert 1 - allowed <= s["S"] <= 1 + allowed, (s, [line for line in err.splitlines() if "T_c" in line])
     assert doc["serving"]["order"] == ["baseline", "candidate", "candidate", "baseline"]
@@ -125,6 +128,11 @@ def test_the_baseline_against_itself_scores_one_within_eps(inputs, scratch, tmp_
     gate = doc["serving"]["gate"]
     assert gate["canary"]["candidate"] == gate["canary"]["baseline"] == 1.0 and gate["canary"]["turns"] >= 2
     assert gate["gsm8k"]["questions"] == 2
+    # the audit: an honest candidate's live turns, re-sent to the last baseline block, are the baseline's replies
+    audit = gate["audit"]
+    assert audit["candidate"] == audit["baseline"] == 1.0 and audit["length_ratio"] == 1.0, audit
+    assert audit["turns"] >= 8 and audit["baseline_turns"] >= 4 and audit["required"] and audit["failed"] == 0
+    assert "block 4/4 (baseline): audit, " in err
     env = doc["environment"]["sandbox"]
     assert set(env) == {"baseline", "candidate"}
     if os.geteuid() == 0:
@@ -222,6 +230,51 @@ def failing(inputs, sglang_tree, tmp_path_factory):
 @pytest.fixture(scope="module")
 def candidate_fails(inputs, sglang_tree, tmp_path_factory):
     return _evaluate_all(inputs, sglang_tree, tmp_path_factory, CANDIDATE_FAILS)
+
+
+# The audit (issue 40; serving-track.md, "Only the model's own replies count"): servers that pass the canaries,
+# GSM8K and every level, but whose live replies are not the model's own. Two evaluations at once.
+AUDITED = {
+    # live turns (a history holding the server's own words) answered with other words of the same length
+    "filler": ({"filler_live": True}, (), "scripted"),
+    # earlier replies served again for the same content under a new run's marker (across runs and levels)
+    "cache": ({"reply_cache": True}, (), "scripted-whole"),
+}
+
+
+@pytest.fixture(scope="module")
+def audited(inputs, sglang_tree, tmp_path_factory):
+    return _evaluate_all(inputs, sglang_tree, tmp_path_factory, AUDITED)
+
+
+@pytest.mark.heavy  # whole serving evaluations (AUDITED)
+def test_a_candidate_that_answers_live_turns_with_filler_is_gated_by_the_audit(audited):
+    rc, doc, err = audited["filler"]
+    assert rc == 1, err[-3000:]
+    assert doc["status"] == "incorrect" and doc["score"] is None and _score(doc)["S"] == 0
+    gate = doc["serving"]["gate"]
+    # everything else passes: the canaries (fixed history) are answered properly, every level is valid
+    assert gate["canary"]["candidate"] == gate["canary"]["baseline"] == 1.0 and gate["invalid_levels"] == []
+    (reason,) = gate["reasons"]
+    assert reason.startswith("audit: the candidate's live replies agree") and "not the model's own" in reason
+    audit = gate["audit"]
+    assert audit["baseline"] == 1.0 and audit["candidate"] < 1.0 - audit["margin"] and audit["turns"] >= 8, audit
+    assert audit["length_ratio"] == 1.0  # filler of the same length: the agreement, not the length, catches it
+    assert "audit: the candidate's live replies agree" in doc["error"]["message"]
+
+
+@pytest.mark.heavy  # whole serving evaluations (AUDITED)
+def test_a_candidate_that_serves_cached_replies_is_gated_by_the_audit(audited):
+    rc, doc, err = audited["cache"]
+    assert rc == 1, err[-3000:]
+    assert doc["status"] == "incorrect" and _score(doc)["S"] == 0
+    gate = doc["serving"]["gate"]
+    assert gate["invalid_levels"] == []
+    # (the canaries of a marker-dependent server disagree between any two runs, for the baseline too: the
+    # canary condition may or may not fail by chance here; the audit's must)
+    assert any(r.startswith("audit: the candidate's live replies agree") for r in gate["reasons"]), gate["reasons"]
+    audit = gate["audit"]
+    assert audit["baseline"] == 1.0 and audit["candidate"] < 1.0 - audit["margin"], audit
 
 
 @pytest.mark.heavy  # whole serving evaluations
