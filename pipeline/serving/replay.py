@@ -474,6 +474,17 @@ async def _stream(session, url: str, payload: bytes, turn: _Turn) -> None:
         turn.end_ns = perf()
 
 
+async def _stream_within(session, url: str, payload: bytes, turn: _Turn, timeout_s: float) -> None:
+    """`_stream`, ended as a `timeout` turn when no complete reply came within `timeout_s`."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _stream(session, url, payload, turn)
+    except TimeoutError:
+        turn.status = "timeout"
+        turn.error = f"no complete reply within the turn timeout of {timeout_s:g} s"
+        turn.end_ns = time.perf_counter_ns()
+
+
 async def run(url: str, system: str, conversations: list[dict[str, Any]], tokenizer: Any, *,
               engine: str, concurrency: int, window_s: float, warmup_s: float, seed: int,
               turn_timeout_s: float = DEFAULT_TURN_TIMEOUT_S, model: str | None = None,
@@ -530,12 +541,7 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
                 payload = history.body(adapter.body([], turn.max_tokens, seed, model))
                 opened.append(turn)
                 try:
-                    async with asyncio.timeout(turn_timeout_s):
-                        await _stream(session, chat_url, payload, turn)
-                except TimeoutError:
-                    turn.status = "timeout"
-                    turn.error = f"no complete reply within the turn timeout of {turn_timeout_s:g} s"
-                    turn.end_ns = time.perf_counter_ns()
+                    await _stream_within(session, chat_url, payload, turn, turn_timeout_s)
                 except asyncio.CancelledError:
                     if turn.status is None:
                         turn.status, turn.end_ns = "cancelled", time.perf_counter_ns()
@@ -625,12 +631,7 @@ async def resend(url: str, requests: list[tuple[bytes, int]], tokenizer: Any, *,
 
     async def one(session, turn: _Turn, body: bytes) -> None:
         async with gate:
-            try:
-                async with asyncio.timeout(turn_timeout_s):
-                    await _stream(session, chat_url, body, turn)
-            except TimeoutError:
-                turn.status = "timeout"
-                turn.error = f"no complete reply within the turn timeout of {turn_timeout_s:g} s"
+            await _stream_within(session, chat_url, body, turn, turn_timeout_s)
 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     connector = aiohttp.TCPConnector(limit=max(1, concurrency))

@@ -545,7 +545,8 @@ def test_tokens_split_across_chunks_belong_to_the_chunk_that_completes_them(serv
     doc = run(server, tok, conversations(n=1, turns=2, max_tokens=6), c=1, window=0.3)
     r = next(r for r in doc["turns"] if r["status"] == "ok")
     assert r["chunk_tokens"] == [0, 1] * 6 and r["tokens"] == 6
-    assert r["first_ns"] == r["chunk_ns"][1] > r["chunk_ns"][0]
+    # the first token is the second chunk's; under load both chunks may come in one read, at one instant
+    assert r["first_ns"] == r["chunk_ns"][1] >= r["chunk_ns"][0]
 
 
 def test_special_tokens_are_counted_and_kept_out_of_the_history(server):
