@@ -368,7 +368,9 @@ def test_a_candidate_with_one_bad_chunk_in_fifty_requests_gets_a_failing_result(
     assert invalid and "stream_error" in message and "`delta` is a string, not an object" in message, message
     for lv in doc["serving"]["levels"]:
         k = lv["candidate"]
-        assert k["turns_by_status"].get("stream_error", 0) <= 2 and k["T"] > 0  # one turn of ~50 a block
+        # one turn of ~50 requests a launch: a few a level, however many requests the machine's speed allows
+        turns = sum(k["turns_by_status"].values())
+        assert 0 < k["turns_by_status"].get("stream_error", 0) <= max(3, turns // 25) and k["T"] > 0, k["turns_by_status"]
         assert (lv["concurrency"] in invalid) == bool(k["failed"])
 
 
