@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -214,9 +215,7 @@ def replay_fit(blocks: list[tuple[int, float, float]]) -> dict[str, float] | Non
     slopes = sorted((wj - wi) / (nj - ni) for i, (ni, wi, _) in enumerate(blocks) for nj, wj, _ in blocks[i + 1:]
                     if nj != ni)
     m = len(blocks)
-    ties = {}
-    for n, _, _ in blocks:
-        ties[n] = ties.get(n, 0) + 1
+    ties = Counter(n for n, _, _ in blocks)
     var_s = (m * (m - 1) * (2 * m + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18
     reach = 1.96 * math.sqrt(max(var_s, 0.0))
     upper = slopes[min(len(slopes) - 1, math.ceil((len(slopes) + reach) / 2))]
