@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.exits import UsageError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TRACKS = ("kernel", "serving")
 DAILY_RULES = ("top_at_close", "most_hours_on_top")
@@ -28,7 +30,7 @@ class CompetitionError(ValueError):
     """competition.toml (organizer data) cannot be used; the message says where and what to change."""
 
 
-class InstantError(ValueError):
+class InstantError(UsageError, ValueError):
     """A time given on the command line or in a record is not a UTC instant we can use."""
 
 

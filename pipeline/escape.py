@@ -149,3 +149,19 @@ def terminal_lines(text: Any) -> list[str]:
     """Untrusted text over several lines (a log tail): its lines, each as `terminal` makes one (a
     carriage return shown as \\r, never returning the cursor), tabs kept."""
     return [_defuse_command(visible(line, keep="\t")) for line in str(text).replace("\r\n", "\n").split("\n")]
+
+
+def printable(text: str) -> str:
+    """A name or a line quoted back to its author on one line (a PR's path, a diff's header): every
+    character Python would not print written as repr writes it (`\\x1b`, `\\u202e`, `\\n`)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def easy_to_miss(text: str) -> str:
+    """The characters of a name a reader would not see or would take for others, named; "" if none."""
+    odd = dict.fromkeys(c for c in text if c.isspace() or not c.isprintable() or not c.isascii())
+    if not odd:
+        return ""
+    names = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'an unnamed character')}" for c in odd)
+    where = " at its end" if len(odd) == 1 and text.endswith(tuple(odd)) else ""
+    return f" (it holds {names}{where}, easy to miss)"

@@ -1,5 +1,7 @@
-"""How a verb ends, shared by every stage's verbs: its exit codes, the one way it says no, and the inputs
-whose failure is such an ending (a JSON file read as data, the GitHub client of the environment).
+"""How a verb ends, shared by every stage's verbs: its exit codes, the one way it says no, and the input
+whose failure is such an ending (a JSON file read as data). A leaf: it imports no stage; a stage's own
+failures that end a verb with exit 2 (GitHub failing a call, a time that is no instant) derive from
+`UsageError` here.
 
 Exit codes: 0 done, 1 refused (the input is not one that may pass), 2 usage or configuration error.
 A message goes to stderr, control characters shown as escapes (it may quote a file name or a title a
@@ -17,13 +19,13 @@ from functools import wraps
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.escape import printable
+
 OK, REFUSED, USAGE = 0, 1, 2
 MAX_EVENT_BYTES = 32 * 1024 * 1024  # a workflow's event payload, read by `read_json`
 
 
 def error(code: int, message: str) -> int:
-    from pipeline.validate import printable
-
     text = "\n".join(printable(line) for line in message.splitlines())
     print(("refused: " if code == REFUSED else "error: ") + text, file=sys.stderr)
     return code
@@ -37,10 +39,15 @@ class Stop(Exception):
         self.code = code
 
 
+class UsageError(Exception):
+    """The configuration or the environment cannot serve the verb (GitHub failed a call for good, a time
+    is no UTC instant): `guarded` ends the verb with exit 2 and `prefix` + the message."""
+
+    prefix = ""
+
+
 def guarded(body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Map the expected failures of a verb to its exit code and one message, never a stack trace."""
-    from pipeline.competition import InstantError
-    from pipeline.github import GitHubError
 
     @wraps(body)
     def wrapper(args: argparse.Namespace) -> int:
@@ -48,10 +55,8 @@ def guarded(body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
             return body(args)
         except Stop as stop:
             return error(stop.code, str(stop))
-        except InstantError as exc:
-            return error(USAGE, str(exc))
-        except GitHubError as exc:
-            return error(USAGE, f"GitHub: {exc}")
+        except UsageError as exc:
+            return error(USAGE, f"{exc.prefix}{exc}")
 
     return wrapper
 
@@ -73,21 +78,3 @@ def read_json(path: Path, what: str, limit: int) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise Stop(REFUSED, f"{path}: the {what} is not JSON: {exc}") from None
-
-
-def github_args(p: argparse.ArgumentParser, *, event: bool = True) -> None:
-    """--repo, and --event (a workflow's payload file), for a verb that a workflow runs."""
-    p.add_argument("--repo", metavar="OWNER/NAME", help="default: $GITHUB_REPOSITORY")
-    if event:
-        p.add_argument("--event", type=Path, metavar="JSON",
-                       default=Path(os.environ["GITHUB_EVENT_PATH"]) if os.environ.get("GITHUB_EVENT_PATH") else None,
-                       help="the event payload (default: $GITHUB_EVENT_PATH)")
-
-
-def github_client(args: argparse.Namespace):
-    from pipeline.github import GitHub, GitHubError
-
-    try:
-        return GitHub.from_env(repository=getattr(args, "repo", None))
-    except GitHubError as exc:
-        raise Stop(USAGE, str(exc)) from None

@@ -11,12 +11,16 @@ the first attempt may have made (the marker comment, the named check run, the ti
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+from pipeline.exits import USAGE, Stop, UsageError
 
 DEFAULT_API = "https://api.github.com"
 DEFAULT_BOT = "github-actions[bot]"
@@ -31,8 +35,10 @@ BENCH_INPUTS = ("pr", "head_sha", "login", "track", "problem", "path", "blob_sha
 T = TypeVar("T")
 
 
-class GitHubError(RuntimeError):
+class GitHubError(UsageError, RuntimeError):
     """A GitHub call failed for good (after retries); the message says which call and why."""
+
+    prefix = "GitHub: "
 
 
 class BlobMismatch(GitHubError):
@@ -349,7 +355,7 @@ class GitHub:
         tree names."""
         import base64
 
-        from pipeline.result import git_blob_sha
+        from pipeline.files import git_blob_sha
 
         def get() -> bytes:
             b = self.repo.get_git_blob(sha)
@@ -375,10 +381,9 @@ class GitHub:
 
         return self._call(f"listing the comments of #{number}", get)
 
-    def upsert_comment(self, number: int, body: str, marker: str | None = None) -> tuple[int, bool]:
-        """Create or update the one sticky comment; (comment id, True when it was created)."""
-        if marker is None:
-            from pipeline.report import MARKER as marker  # noqa: N811
+    def upsert_comment(self, number: int, body: str, marker: str) -> tuple[int, bool]:
+        """Create or update the one sticky comment, the bot's comment that holds `marker` (the hidden line
+        pipeline/report.py's comments start with); (comment id, True when it was created)."""
         if marker not in body:
             body = marker + "\n" + body
         existing = self.find_sticky(number, marker)
@@ -568,3 +573,22 @@ def _message(exc: Any) -> str:
     if isinstance(data, dict) and data.get("message"):
         return str(data["message"])
     return str(data or exc)[:300]
+
+
+# ---- for the verbs a workflow runs ----
+
+def github_args(p: argparse.ArgumentParser, *, event: bool = True) -> None:
+    """--repo, and --event (a workflow's payload file), for a verb that a workflow runs."""
+    p.add_argument("--repo", metavar="OWNER/NAME", help="default: $GITHUB_REPOSITORY")
+    if event:
+        p.add_argument("--event", type=Path, metavar="JSON",
+                       default=Path(os.environ["GITHUB_EVENT_PATH"]) if os.environ.get("GITHUB_EVENT_PATH") else None,
+                       help="the event payload (default: $GITHUB_EVENT_PATH)")
+
+
+def github_client(args: argparse.Namespace) -> GitHub:
+    """The client of the environment (pipeline.github.GitHub.from_env) for a verb's --repo; exit 2 without one."""
+    try:
+        return GitHub.from_env(repository=getattr(args, "repo", None))
+    except GitHubError as exc:
+        raise Stop(USAGE, str(exc)) from None

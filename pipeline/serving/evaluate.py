@@ -42,7 +42,7 @@ What it does (serving-track.md; competition.toml [serving] holds the official pl
    candidate's are gated against it (score.py's condition (d)). A calibration turn the baseline cannot
    answer is the node's or the harness's fault (exit 3); a candidate turn it cannot answer (the candidate's
    own earlier replies are in that history) counts as agreement 0.
-7. The result: pipeline/result.py's serving_document (S, G, eps from the two baseline blocks' spread,
+7. The result: pipeline/serving/document.py's serving_document (S, G, eps from the two baseline blocks' spread,
    every run's figures), status passed, or needs_review when the gate flagged lines for a maintainer,
    or incorrect when G = 0.
 
@@ -86,6 +86,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.exits import UsageError  # bad input: nothing was run, nothing is written (exit 2)
 from pipeline.problems import REPO_ROOT
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
@@ -98,10 +99,6 @@ GSM8K_BLOCKS = (2, 3)  # the last candidate block and the last baseline block
 AUDIT_BLOCK = 3  # the last baseline block re-sends the audit's turns (step 5 of the docstring)
 AUDIT_RESEND = 48  # turns re-sent per side: of the candidate blocks' audit samples, and of the first baseline block's
 AUDIT_CONCURRENCY = 8
-
-
-class UsageError(Exception):
-    """Bad input: nothing was run, nothing is written (exit 2)."""
 
 
 class HarnessFailure(Exception):
@@ -277,7 +274,7 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
     or HarnessFailure (the baseline or the node failed; no result)."""
     from pipeline import result, sandbox
     from pipeline.files import UnreadableFile
-    from pipeline.serving import gate, launch, replay
+    from pipeline.serving import document, gate, launch, replay
     from pipeline.serving import pin as pin_stage
 
     started_at = result.now()
@@ -364,7 +361,7 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
 
     def failure(status: str, message: str, verdict: dict[str, Any], log_tail: str = "",
                 where: dict[str, Any] | None = None) -> dict[str, Any]:
-        return result.serving_failure_document(
+        return document.serving_failure_document(
             status=status, message=message, submission=submission, patch_gate=verdict, engine=engine_facts,
             dataset=dataset_facts, official=False, mode=mode, environment=environment, started_at=started_at,
             finished_at=result.now(), log_tail=log_tail, where=where, flags=flags)
@@ -445,7 +442,7 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         flags.append({"code": "not_isolated", "line": None,
                       "message": "a server ran without isolation (no namespaces on this host): never official"})
     try:
-        doc = result.serving_document(
+        doc = document.serving_document(
             submission=submission, patch_gate=verdict_dict, engine=engine_facts, dataset=dataset_facts,
             baseline_first=runs[0], baseline_second=runs[3], candidate=runs[1] + runs[2],
             canary={"candidate": cand_agreement, "baseline": base_agreement, "turns": turns}, audit=audit,

@@ -90,7 +90,7 @@ class GateVerdict:
                 "added": self.added, "removed": self.removed}
 
     def text(self) -> str:
-        from pipeline.validate import printable
+        from pipeline.escape import printable
 
         if self.accepted:
             lines = [f"accepted: {len(self.files)} file(s), +{self.added} -{self.removed} lines"]
@@ -178,7 +178,7 @@ def _shadowed(name: str, tree: _Tree) -> str | None:
 
 
 def _path_reasons(name: str, line: int, rules: dict, tree: _Tree | None) -> list[Reason]:
-    from pipeline.validate import _easy_to_miss, printable
+    from pipeline.escape import easy_to_miss
 
     out = []
 
@@ -202,7 +202,7 @@ def _path_reasons(name: str, line: int, rules: dict, tree: _Tree | None) -> list
     segment = re.compile(rules["segment"])
     odd = [p for p in parts if p not in ("", ".", "..") and not segment.match(p)]
     if odd and not out:
-        add("unusual-name", f"the segment `{odd[0]}`{_easy_to_miss(odd[0])} uses characters SGLang's own "
+        add("unusual-name", f"the segment `{odd[0]}`{easy_to_miss(odd[0])} uses characters SGLang's own "
             "file names never do: ASCII letters, digits, `._=,[]-` and single inner spaces only")
     # the rules below judge the path git would write: `.` and empty segments dropped
     plain = "/".join(p for p in parts if p not in ("", "."))
@@ -364,7 +364,7 @@ def _positions(patched_file) -> tuple[list[tuple[int, int]], list[tuple[int, int
 def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
     """Every rule of sglang_pin/pin.toml applied to `patch` (the bytes of a patch.diff) against `tree`, the
     pinned tree's root in git layout. Raises GateUnavailable when git cannot run."""
-    from pipeline import validate as v
+    from pipeline import diff as v
     from pipeline.serving.pin import load_pin
 
     pin = pin or load_pin()
@@ -434,7 +434,7 @@ def gate(patch: bytes, tree: Path, pin: "Pin | None" = None) -> GateVerdict:
                    f"another: a header that lies or a malformed patch; {MAKE_IT}")
         else:
             for f, p in zip(files, ud):
-                names = {_strip(v._unquote(n) if n else n, pre) for n, pre in ((p.source_file, "a/"), (p.target_file, "b/"))}
+                names = {_strip(v.unquote(n) if n else n, pre) for n, pre in ((p.source_file, "a/"), (p.target_file, "b/"))}
                 names -= {None, "/dev/null"}
                 if names and f.path not in names and not (f.change.previous_path in names or f.change.copied_from in names):
                     refuse(f.path, f.line, "header-mismatch", f"unidiff reads this file's diff as {sorted(names)[0]}: a "
