@@ -17,7 +17,8 @@ STAGES: dict[str, tuple[str, ...]] = {
     "pipeline.evaluation": ("calibrate", "evaluate", "problems"),  # the kernel track
     "pipeline.gate": ("validate", "gate", "fetch-submission"),  # may this PR be evaluated, and what exactly
     "pipeline.signing": ("sign", "verify-result", "keygen"),  # the results' signatures
-    "pipeline.report": ("post-result", "plot-result", "show-result"),  # what is shown where
+    "pipeline.report": ("plot-result", "show-result"),  # what a result looks like
+    "pipeline.post": ("post-result",),  # what is posted on a pull request, once believed
     "pipeline.ledger": ("ledger",),  # `ledger append | verify | disqualify | clear`: what is recorded
     "pipeline.board.cli": ("board", "prizes", "snapshots"),  # the boards, from the ledger alone
     "pipeline.publish": ("find-result", "publish"),  # what ledger.yml and snapshot.yml push, by compare-and-swap

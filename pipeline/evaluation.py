@@ -4,8 +4,8 @@ and `problems` (what can be evaluated). Registered in pipeline/cli.py's VERBS.
 
 Each parses, checks what the competitor passed (a clear message and exit 2 on a mistake), calls
 pipeline/kernel/ and prints. The evaluation itself, and every rule of it, is pipeline/kernel/evaluate.py.
-`evaluate --comment` prints the pull request comment the bot would post for the result (the report's own
-`pr_comment`, with the would-be rank on the repository's board or --board's), so a competitor sees it
+`evaluate --comment` prints the pull request comment the bot would post for the result (post-result's own
+`pr_comment` (pipeline/post.py), with the would-be rank on the repository's board or --board's), so a competitor sees it
 before opening the PR; on a terminal a progress bar shows the stages on stderr (`Progress`).
 """
 
@@ -288,7 +288,9 @@ def evaluate(args: argparse.Namespace) -> int:
     progress.close()
     if args.comment:  # exactly what post-result posts for this document (no log link: there is no run)
         print(report.terminal(doc), file=sys.stderr)
-        print(report.pr_comment(doc, root=board_root), end="")
+        from pipeline import post
+
+        print(post.pr_comment(doc, root=board_root), end="")
     else:
         print(report.terminal(doc))
     if args.json:

@@ -4,6 +4,7 @@ itself, never what a link at its path points to, a regular file only, bounded in
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -31,3 +32,8 @@ def read_regular_file(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
     if len(data) > limit:
         raise UnreadableFile(f"more than {limit:,} bytes")
     return data, st
+
+
+def git_blob_sha(data: bytes) -> str:
+    """The SHA git gives this content as a blob: what the PR's tree names, so the two can be matched."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.result import SHA1_RE
-from pipeline.exits import (MAX_EVENT_BYTES, OK, REFUSED, USAGE, Stop, error, github_args, github_client, guarded,
-                            read_json)
+from pipeline.exits import MAX_EVENT_BYTES, OK, REFUSED, USAGE, Stop, error, guarded, read_json
+from pipeline.github import github_args, github_client
+from pipeline import report
 from pipeline.report import safe_url
 
 EVAL_LABEL = "run-eval"
@@ -118,7 +119,7 @@ def _emit(verdict, args: argparse.Namespace, status: str | None = None) -> None:
         Path(args.json).write_text(json.dumps(verdict.as_dict(), indent=2) + "\n")
     if getattr(args, "markdown", None):
         with open(args.markdown, "a") as fh:
-            fh.write(v.verdict_markdown(verdict, status))
+            fh.write(report.verdict_markdown(verdict, status))
 
 
 # ---- gate ----
@@ -166,7 +167,7 @@ def gate(args: argparse.Namespace) -> int:
     run_id = os.environ.get("GITHUB_RUN_ID", "")
 
     def comment(verdict, status: str) -> None:
-        gh.upsert_comment(number, v.verdict_markdown(verdict, status))
+        gh.upsert_comment(number, report.verdict_markdown(verdict, status), report.MARKER)
 
     approver = None
     if action == "labeled":
@@ -307,7 +308,7 @@ def fetch_submission(args: argparse.Namespace) -> int:
         return error(REFUSED, str(exc))
     limit = v.ALLOWED_FILES[sub.track][path.rsplit("/", 1)[-1]]
     final = v.check([v.Change(path, "added", new_mode=v.REGULAR, size=len(data), blob_sha=blob_sha,
-                              binary=b"\0" in data or not v._is_utf8(data))], login, problems=list_problems())
+                              binary=b"\0" in data or not v.is_utf8(data))], login, problems=list_problems())
     if not final.ok:
         return error(REFUSED, f"blob {blob_sha} cannot be evaluated (limit {limit:,} bytes):\n" + final.text())
     target = _write_inside(Path(args.dest), path, data)

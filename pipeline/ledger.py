@@ -647,7 +647,7 @@ def verify_evidence(root: Path, records: list[dict[str, Any]], keyring: Any, *, 
     to the record's result_sha256, its signature verifies against `keyring` (a retired key too; a revoked
     key only for a result that is disqualified), and every field of the record is what the document
     gives. Raises LedgerBroken naming the first bad record (in chain order); returns {key id: results}."""
-    from pipeline import signing
+    from pipeline import result, signing
     from pipeline.result import ResultError, validate
 
     places = places or {}
@@ -667,7 +667,7 @@ def verify_evidence(root: Path, records: list[dict[str, Any]], keyring: Any, *, 
             raise LedgerBroken(f"{place}: {rel} does not hash to the record's result_sha256: the evidence was changed; "
                                "restore it from git")
         try:
-            doc = signing.loads(raw)
+            doc = result.loads(raw)
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
             if doc.get("signature") is None:

@@ -389,7 +389,7 @@ def find_evaluated(gh, args: argparse.Namespace, recorded: set[tuple[int, str]],
     merged head; download that run's signed `result` into `folder`. Returns (what can be recorded, in
     merged_at order; notes: why others are not, such as a merge whose evaluation failed; errors: a
     result that does not verify, which nobody should ever see)."""
-    from pipeline import signing
+    from pipeline import result, signing
     from pipeline.github import GitHubError
     from pipeline.ledger import RECORDED_STATUSES
     from pipeline.result import MAX_BYTES
@@ -433,7 +433,7 @@ def find_evaluated(gh, args: argparse.Namespace, recorded: set[tuple[int, str]],
             problems.append(f"#{p.number}: {exc}; re-run its evaluation (label the head with run-eval)")
             continue
         try:  # its status decides only whether to try; `ledger append` checks everything again
-            doc = signing.loads(data)
+            doc = result.loads(data)
             signing.verify(doc, keyring)
             status = doc.get("status")
             gated = status == "incorrect" and doc.get("track") == "serving"

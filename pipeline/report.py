@@ -14,12 +14,11 @@ parts and S, the unscored figures, and a PNG of throughput per GPU against inter
 (`serving_plot`). Every number of it is checked finite and in range as it is written (`_num`), and every
 string (a server's error, a level's reason, the engine's name) goes through `md_inline`.
 
-The report's verbs decide what is shown where: `post-result` (report.yml) posts a result only once it
-is valid by the schema and its signature verifies against the committed keys, on the pull request its
-signed head SHA belongs to and only if the signed PR and login are that PR's, with the would-be rank from
-main's ledger (`pr_comment`, which `evaluate --comment` prints too, so a competitor sees the comment
-before opening the PR); `plot-result` (bench.yml) writes a serving result's PNG; `show-result` prints a
-result as the terminal table.
+Rendering only: this module knows no transport and no ledger. pipeline/post.py decides what is posted
+on a pull request (`post-result`) and pipeline/github.py posts it. The verbs here write what a reader
+runs locally or a workflow keeps: `plot-result` (bench.yml) writes a serving result's PNG, `show-result`
+prints a result as the terminal table. A PR's validation verdict (pipeline/validate.py) is rendered here
+too (`verdict_markdown`).
 """
 
 from __future__ import annotations
@@ -28,14 +27,16 @@ import argparse
 import math
 import os
 import re
-import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
-from pipeline.escape import md_code_block, md_heading, md_inline, terminal as terminal_text, terminal_lines
-from pipeline.exits import MAX_EVENT_BYTES, OK, REFUSED, USAGE, error, github_args, github_client, guarded, read_json
+from pipeline.escape import md_code_block, md_heading, md_inline, printable, terminal as terminal_text, terminal_lines
+from pipeline.exits import OK, REFUSED, USAGE, error, guarded
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.validate import Verdict
 
 VERDICT = {
     "passed": "PASSED",
@@ -729,151 +730,40 @@ def write_serving_plot(doc: dict[str, Any], folder: Any) -> Any:
 # ---- the verbs: post-result (report.yml), plot-result (bench.yml), show-result (by hand) ----
 # Exit codes (pipeline/exits.py): 0 done (posted, written), 1 refused, 2 usage or configuration error.
 
-MAX_RESULT_BYTES = 16 * 1024 * 1024
-CHECK_SUMMARY_LIMIT = 65_535  # GitHub's limit on a check run's output.summary
+# ---- a PR's validation verdict as its sticky comment shows it (pipeline/validate.py decides it) ----
+
+MAX_LISTED_VIOLATIONS = 100  # in the comment; the JSON verdict keeps every one
+
+
+def verdict_markdown(verdict: "Verdict", status: str | None = None) -> str:
+    """The sticky comment while a PR waits: the verdict (every violation, file by file) and its status.
+    Paths and logins are the PR's own text, so they are escaped."""
+    lines = [MARKER]
+    if verdict.ok and verdict.submission:
+        s = verdict.submission
+        what = f"kernel problem {md_escape(s.problem)}" if s.track == "kernel" else "the serving track"
+        lines += ["### Submission check: valid", "",
+                  f"{md_escape(printable(s.path), 200)} is a submission to {what} by {md_escape(s.login, 60)}."]
+    else:
+        n = len(verdict.violations)
+        lines += [f"### Submission check: REFUSED ({n} problem{'s' if n != 1 else ''})", "",
+                  "| file | rule | what is wrong |", "| --- | --- | --- |"]
+        for v in verdict.violations[:MAX_LISTED_VIOLATIONS]:
+            lines.append(f"| {md_escape(printable(v.path), 200) if v.path else '(the pull request)'} "
+                         f"| {md_escape(v.rule)} | {md_escape(printable(v.message), 400)} |")
+        if n > MAX_LISTED_VIOLATIONS:
+            lines.append(f"| ... | | and {n - MAX_LISTED_VIOLATIONS} more |")
+        lines += ["", "Fix these and push again: this comment is updated on every push."]
+    if verdict.notices:
+        lines += [""] + [f"Note: {md_escape(n, 400)}" for n in verdict.notices]
+    if status:
+        lines += ["", status]
+    return "\n".join(lines) + "\n"
 
 
 def safe_url(url: str | None) -> bool:
     """Whether a URL from GitHub's API (a run's page) may be linked in a comment as it is."""
     return bool(url) and re.match(r"^https?://[\w./:-]+\Z", url) is not None
-
-
-CONCLUSIONS = {
-    "passed": "success",
-    "needs_review": "neutral",
-    "incorrect": "failure",
-    "compile_error": "failure",
-    "runtime_error": "failure",
-    "timeout": "failure",
-    "rejected": "failure",
-}
-
-
-def _post_args(p: argparse.ArgumentParser) -> None:
-    github_args(p)
-    p.add_argument("--result", type=Path, metavar="JSON", help="the downloaded result.json (data only)")
-    p.add_argument("--keyring", type=Path, metavar="DIR", help="the runners' public keys (default: "
-                   "$PIPELINE_KEYRING, else keys/runners/ of the repository)")
-    p.add_argument("--run-url", help="the bench run's page (default: the workflow_run event's html_url)")
-
-
-def would_be_rank(doc: dict[str, Any], root: Path) -> str | None:
-    """Where `doc` would stand on the board that root's ledger gives now (post-result: main's checkout;
-    `evaluate --comment --board`: the board's folder); None (a note on stderr) if it cannot be had, as
-    the rank is a courtesy and the verdict is shown all the same."""
-    from pipeline import competition, ledger
-    from pipeline.board.standings import would_be_rank as place
-
-    try:
-        toml = root / "competition.toml"
-        return place(ledger.read(root), competition.load(toml if toml.is_file() else None),
-                     ledger.problem_workloads(), doc, ledger.now_instant())
-    except Exception as exc:  # noqa: BLE001 - the rank is a courtesy; the verdict must still be posted
-        print(f"note: no would-be rank ({type(exc).__name__}: {exc})", file=sys.stderr)
-        return None
-
-
-def pr_comment(doc: dict[str, Any], *, root: Path, log_url: str | None = None,
-               plot_artifact_url: str | None = None, limit: int = GITHUB_LIMIT) -> str:
-    """The sticky comment post-result posts for `doc` (and, at CHECK_SUMMARY_LIMIT, its check run's
-    summary), with the would-be rank on root's board. `evaluate --comment` prints exactly this."""
-    return comment_markdown(doc, log_url=log_url, rank=would_be_rank(doc, root), limit=limit,
-                            plot_artifact_url=plot_artifact_url)
-
-
-# the bench run's artifact that holds a serving result's plot (bench.yml's sign job uploads it)
-PLOT_ARTIFACT = "serving-plot"
-
-
-def _plot_link(gh, run: dict) -> str | None:
-    """The page of the bench run's serving-plot artifact, for the comment to link (GitHub cannot show an
-    artifact inline, and the report job has nowhere to host an image); None where there is none."""
-    run_id, page = run.get("id"), run.get("html_url")
-    if not isinstance(run_id, int) or not page or not safe_url(page):
-        return None
-    from pipeline.github import GitHubError
-
-    try:
-        found = [a for a in gh.run_artifacts(run_id) if a.name == PLOT_ARTIFACT and not a.expired]
-    except GitHubError as exc:  # the link is a courtesy; the verdict must still be posted
-        print(f"note: no plot link ({exc})", file=sys.stderr)
-        return None
-    return f"{page.rstrip('/')}/artifacts/{found[-1].id}" if found else None
-
-
-@guarded
-def post_result(args: argparse.Namespace) -> int:
-    """report.yml: verify a bench run's result.json and post it as the sticky comment and check run.
-
-    The result is read as data, validated against the schema and its signature verified before
-    anything is posted; the PR is found from the recorded head SHA and must match the recorded PR and
-    login. With a workflow_run event and no result (the run failed before writing one), the PR its
-    title names is told so.
-    """
-    from pipeline import result
-    from pipeline.github import BENCH_TITLE_RE
-
-    event = read_json(args.event, "event payload", MAX_EVENT_BYTES) if args.event else {}
-    run = (event or {}).get("workflow_run") or {}
-    log_url = args.run_url or run.get("html_url")
-    if log_url and not safe_url(log_url):
-        log_url = None
-    if args.result is None or not os.path.lexists(args.result):
-        m = BENCH_TITLE_RE.match(run.get("display_title") or "")
-        if not m:
-            return error(USAGE, "no result.json, and no bench run event naming a pull request")
-        gh = github_client(args)
-        pull = gh.pull(int(m["pr"]))
-        head = m["head_sha"]
-        text = (f"### Evaluation of {head[:12]}: no result\n\nThe bench run ended ({md_escape(run.get('conclusion'))})"
-                " before writing a result" + (f"; see [the run log]({log_url})." if log_url else ".")
-                + " The organizers have been notified; a maintainer can label the pull request again.")
-        gh.upsert_comment(pull.number, MARKER + "\n" + text + "\n")
-        gh.upsert_check_run(head, conclusion="failure", title="no result", summary=text, details_url=log_url)
-        return error(REFUSED, f"bench run for #{pull.number} at {head} produced no result")
-
-    from pipeline import signing
-
-    doc = read_json(args.result, "result", MAX_RESULT_BYTES)
-    try:
-        result.validate(doc)
-    except result.ResultError as exc:
-        return error(REFUSED, f"{args.result}: {exc}")
-    try:
-        keyring = signing.load_keyring(args.keyring)
-    except signing.SignatureError as exc:
-        return error(USAGE, str(exc))
-    try:
-        signing.verify(doc, keyring)
-    except signing.SignatureError as exc:
-        return error(REFUSED, f"{args.result}: {exc}; nothing was posted")
-    sub = doc["submission"]
-    head = sub["head_sha"]
-    if not head:
-        return error(REFUSED, f"{args.result}: the result names no head commit; it is not a pull request's evaluation")
-    gh = github_client(args)
-    pull = gh.find_pull(head)
-    if pull is None:
-        return error(REFUSED, f"no pull request has commit {head}")
-    if sub["pr"] is not None and sub["pr"] != pull.number:
-        return error(REFUSED, f"the result is for #{sub['pr']}, but commit {head} belongs to #{pull.number}")
-    if sub["login"] is not None and sub["login"].lower() != pull.author.lower():
-        return error(REFUSED, f"the result is for @{sub['login']}, but #{pull.number} is by @{pull.author}")
-    from pipeline.competition import REPO_ROOT
-
-    plot = _plot_link(gh, run) if doc.get("serving") else None
-    body = pr_comment(doc, root=REPO_ROOT, log_url=log_url, plot_artifact_url=plot)
-    comment_id, created = gh.upsert_comment(pull.number, body)
-    title = f"{doc['problem']}: {VERDICT[doc['status']]}"
-    if doc.get("score"):  # a serving score is S, shown without an x as on its board
-        title += (f", S = {doc['score']['speedup']:.3f}" if doc.get("serving") else f", {doc['score']['speedup']:.3f}x")
-    check_id, _ = gh.upsert_check_run(head, conclusion=CONCLUSIONS[doc["status"]], title=title,
-                                      summary=pr_comment(doc, root=REPO_ROOT, log_url=log_url,
-                                                         limit=CHECK_SUMMARY_LIMIT, plot_artifact_url=plot),
-                                      details_url=log_url)
-    print(f"{'posted' if created else 'updated'} comment {comment_id} on #{pull.number} and check run {check_id}: "
-          f"{title}")
-    return OK
 
 
 # ---- plot-result ----
@@ -942,7 +832,6 @@ def show_result(args: argparse.Namespace) -> int:
 
 
 VERBS = {
-    "post-result": (_post_args, post_result),
     "plot-result": (_plot_args, plot_result),
     "show-result": (_show_args, show_result),
 }

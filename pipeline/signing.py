@@ -288,27 +288,6 @@ def verify(doc: dict[str, Any], keyring: Keyring, *, allow_retired: bool = False
     return key
 
 
-# ---- reading a result as data ----
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"the key {k!r} appears twice in one object")
-        out[k] = v
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def loads(raw: bytes) -> Any:
-    """JSON as strict as the canonical form: UTF-8, no duplicate keys (two parsers must never read two
-    different documents from one signed file), no NaN or Infinity."""
-    return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-
-
 # ---- the verbs: sign (bench.yml's sign job, on the signer host), verify-result (anyone: the committed
 # public keys are enough), keygen (the key's owner, once per signer host). Exit codes (pipeline/exits.py):
 # 0 done, 1 refused (not a result that may be signed, or its signature does not verify), 2 usage or

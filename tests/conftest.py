@@ -35,7 +35,7 @@ def pytest_addoption(parser):
     parser.addoption("--shard", metavar="K/N", default=None,
                      help="run only the K-th of N consecutive shares of the selected tests, of about equal time by "
                           "tests/gpu_durations.json where it knows a test (one share a device call: "
-                          "benchmarks/gpu_tests.sh)")
+                          "benchmarks/gpu.sh tests K/N)")
 
 
 DURATIONS = ROOT / "tests" / "gpu_durations.json"

@@ -62,7 +62,7 @@ def result_doc(
 ) -> dict[str, Any]:
     """A result as the evaluator writes it: every workload at `speedup` (so the geometric mean is
     `speedup`), medians known to +-`rel`, baselines at 100 us. track="serving": a real serving result
-    (pipeline/result.py's serving_document, its `serving` section whole) whose candidate runs at `speedup`
+    (pipeline/serving/document.py's serving_document, its `serving` section whole) whose candidate runs at `speedup`
     times the baseline's T_c and I_c at every level, so S = `speedup` (above 1 - eps), its interval +-`rel`;
     `problem` and `workloads` are the kernel track's and ignored."""
     if track == "serving":
@@ -140,7 +140,7 @@ def _serving_doc(*, speedup: float, rel: float, login: str, pr: int, head_sha: s
     needs_review holds it for review, incorrect fails the canaries (G = 0), anything else is written as
     serving_failure_document writes it."""
     from fixtures.serving_results import factory as sf
-    from pipeline.result import serving_failure_document
+    from pipeline.serving.document import serving_failure_document
 
     flagged = tuple({"code": f, "message": f"{f} flagged", "line": None} for f in flags)
     if status in ("passed", "needs_review", "incorrect"):

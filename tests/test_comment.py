@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import ledger as lg, report, signing
+from pipeline import ledger as lg, post, report, signing
 from pipeline.__main__ import main
 from pipeline.evaluation import Progress
 from pipeline.result import git_blob_sha
@@ -114,7 +114,7 @@ def test_the_comment_ranks_against_the_board_given_and_a_terminal_shows_a_bar(tm
     assert main(["board", "--root", str(board), "--no-plots", "--now", "2026-10-22T12:00:00Z"]) == 0
     doc, stdout, stderr = evaluate(tmp_path, "--board", str(board / "leaderboard.md"), tty=True)
     assert "Would-be rank on the current board: 2 of 3" in stdout
-    assert stdout == report.pr_comment(doc, root=board)
+    assert stdout == post.pr_comment(doc, root=board)
     # the terminal: one bar redrawn in place, every stage counted, then a line of its own for the table
     stages = 1 + len(doc["correctness"]) + len(doc["performance"]) + 1  # load, check each, time each, alone
     draws = [d for d in stderr.split("\r") if d.startswith("[evaluate] [")]

@@ -112,9 +112,9 @@ def test_trees_are_walked_one_directory_at_a_time_and_blobs_verified(fake):
 def test_the_first_upsert_posts_and_the_next_patch_the_same_comment(fake):
     _pull(fake)
     gh = client(fake)
-    assert gh.upsert_comment(7, MARKER + "\nfirst") == (1001, True)
-    assert gh.upsert_comment(7, MARKER + "\nsecond") == (1001, False)
-    assert gh.upsert_comment(7, MARKER + "\nsecond") == (1001, False)  # nothing changed: no write at all
+    assert gh.upsert_comment(7, MARKER + "\nfirst", MARKER) == (1001, True)
+    assert gh.upsert_comment(7, MARKER + "\nsecond", MARKER) == (1001, False)
+    assert gh.upsert_comment(7, MARKER + "\nsecond", MARKER) == (1001, False)  # nothing changed: no write at all
     assert fake.requests() == [
         f"GET {R}/issues/7/comments?per_page=100", f"POST {R}/issues/7/comments",
         f"GET {R}/issues/7/comments?per_page=100", f"PATCH {R}/issues/comments/1001",
@@ -126,7 +126,7 @@ def test_the_first_upsert_posts_and_the_next_patch_the_same_comment(fake):
 
 def test_the_marker_is_added_when_the_body_lacks_it(fake):
     _pull(fake)
-    client(fake).upsert_comment(7, "hello")
+    client(fake).upsert_comment(7, "hello", MARKER)
     assert fake.bodies("POST") == [{"body": MARKER + "\nhello"}]
 
 
@@ -139,7 +139,7 @@ def test_the_sticky_comment_needs_the_marker_and_the_bot_login(httpserver):
     fake.add_comment(7, "thanks", "bob")
     mine = fake.add_comment(7, MARKER + "\nqueued", fake.bot)  # on the third page
     gh = client(fake)
-    assert gh.upsert_comment(7, MARKER + "\nresult") == (mine["id"], False)
+    assert gh.upsert_comment(7, MARKER + "\nresult", MARKER) == (mine["id"], False)
     assert fake.requests() == [
         f"GET {R}/issues/7/comments?per_page=100",
         f"GET {R}/issues/7/comments?page=2&per_page=100",
@@ -152,7 +152,7 @@ def test_the_sticky_comment_needs_the_marker_and_the_bot_login(httpserver):
 def test_a_post_whose_answer_was_lost_is_not_repeated(fake):
     _pull(fake)
     fake.fail("POST", rf"{R}/issues/7/comments", 502, after=True)  # created, but the answer is a 502
-    assert client(fake).upsert_comment(7, MARKER + "\nbody") == (1001, True)
+    assert client(fake).upsert_comment(7, MARKER + "\nbody", MARKER) == (1001, True)
     assert len(fake.comments[7]) == 1
     assert fake.requests() == [
         f"GET {R}/issues/7/comments?per_page=100", f"POST {R}/issues/7/comments",
@@ -163,7 +163,7 @@ def test_a_post_whose_answer_was_lost_is_not_repeated(fake):
 def test_a_post_refused_under_load_is_tried_again(fake):
     _pull(fake)
     fake.fail("POST", rf"{R}/issues/7/comments", 503, times=2)
-    assert client(fake).upsert_comment(7, MARKER + "\nbody")[1] is True
+    assert client(fake).upsert_comment(7, MARKER + "\nbody", MARKER)[1] is True
     assert len(fake.comments[7]) == 1
     assert [r for r in fake.requests() if r.startswith("POST")] == [f"POST {R}/issues/7/comments"] * 3
 
@@ -172,7 +172,7 @@ def test_a_post_refused_for_good_is_a_message(fake):
     _pull(fake)
     fake.fail("POST", rf"{R}/issues/7/comments", 403, message="Resource not accessible by integration")
     with pytest.raises(GitHubError, match="commenting on #7: GitHub answered 403: Resource not accessible"):
-        client(fake).upsert_comment(7, "x")
+        client(fake).upsert_comment(7, "x", MARKER)
     assert [r for r in fake.requests() if r.startswith("POST")] == [f"POST {R}/issues/7/comments"]
 
 
@@ -221,7 +221,7 @@ def test_secondary_rate_limits_honour_retry_after(fake, status, message):
     _pull(fake)
     fake.fail("PATCH", rf"{R}/issues/comments/\d+", status, message=message, headers={"Retry-After": "0"})
     fake.add_comment(7, MARKER + "\nold", fake.bot)
-    client(fake).upsert_comment(7, MARKER + "\nnew")
+    client(fake).upsert_comment(7, MARKER + "\nnew", MARKER)
     assert [r for r in fake.requests() if r.startswith("PATCH")] == [f"PATCH {R}/issues/comments/1001"] * 2
     assert fake.comments[7][0]["body"] == MARKER + "\nnew"
 

@@ -1,8 +1,10 @@
-"""The house's two rules about imports, read from the source with `ast` (nothing is imported):
-no module of the pipeline imports the CLI (`pipeline.cli`, which only gathers the stages' verbs, or
-`pipeline.__main__`), and the modules' module-level imports form no cycle (a function-level import,
-made when the function runs, may point anywhere). And the CLI's table of stages: each stage's own verbs,
-and a command imports its own stage alone (run as a process, to see what it imported)."""
+"""The house's rules about imports, read from the source with `ast` (nothing is imported): no module of
+the pipeline imports the CLI (`pipeline.cli`, which only gathers the stages' verbs, or `pipeline.__main__`);
+the imports of pipeline/ and reference/ form no circle, function-level ones included (a function-level
+import is lazy, not free: it still ties the two modules together); and the layers a reader relies on hold
+(LAYERS: the result schema imports no stage, exit codes are a leaf, rendering knows no transport, the
+transport renders nothing). And the CLI's table of stages: each stage's own verbs, and a command imports
+its own stage alone (run as a process, to see what it imported)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "pipeline"
+REF = PKG.parent / "reference"
 CLI = {"pipeline.cli", "pipeline.__main__"}
 
 
@@ -94,6 +97,12 @@ def graph(root: Path = PKG) -> dict[str, tuple[set[str], set[str]]]:
     return {name: imports(path, set(files), root) for name, path in files.items()}
 
 
+def whole_graph(roots: tuple[Path, ...] = (PKG, REF)) -> dict[str, tuple[set[str], set[str]]]:
+    """graph() over several packages beside each other (pipeline/ and reference/), each resolving the others'."""
+    files = {module_name(p, root): (p, root) for root in roots for p in sorted(root.rglob("*.py"))}
+    return {name: imports(path, set(files), root) for name, (path, root) in files.items()}
+
+
 def cycle(edges: dict[str, set[str]]) -> list[str] | None:
     """One cycle of the directed graph, as the modules along it, or None."""
     state: dict[str, int] = {}
@@ -129,6 +138,53 @@ def test_no_module_imports_the_cli():
 def test_no_import_cycle_at_module_level():
     found = cycle({name: at_import for name, (_, at_import) in graph().items()})
     assert found is None, "module-level imports in a circle: " + " -> ".join(found)
+
+
+def test_no_import_circle_even_through_function_level_imports():
+    found = cycle({name: every for name, (every, _) in whole_graph().items()})
+    assert found is None, "imports in a circle (function-level ones included): " + " -> ".join(found)
+
+
+# module: (the pipeline modules it may import, anywhere; None: any but `never`), (those it must never import)
+LAYERS: dict[str, tuple[set[str] | None, set[str]]] = {
+    "pipeline.escape": (set(), set()),  # where a string lands: a leaf
+    "pipeline.files": (set(), set()),  # reading a file without following a link: a leaf
+    "pipeline.exits": ({"pipeline.escape"}, set()),  # exit codes and the one way to say no
+    "pipeline.result": ({"pipeline.files"}, set()),  # the one schema imports no stage
+    "pipeline.diff": ({"pipeline.escape"}, set()),  # reading a diff decides nothing
+    "pipeline.github": ({"pipeline.exits", "pipeline.files"}, set()),  # the transport renders nothing
+    "pipeline.report": (None, {"pipeline.github", "pipeline.post", "pipeline.ledger", "pipeline.signing",
+                               "pipeline.publish", "pipeline.board"}),  # rendering knows no transport
+}
+
+
+def layer_breaches(g: dict[str, tuple[set[str], set[str]]]) -> list[str]:
+    out = []
+    for name, (may, never) in LAYERS.items():
+        every = {m for m in g[name][0] if m != "pipeline"}  # the package's own (empty) __init__
+        bad = (every - may if may is not None else set()) | {m for m in every for n in never
+                                                              if m == n or m.startswith(n + ".")}
+        out += [f"{name} imports {m}" for m in sorted(bad)]
+    return out
+
+
+def test_the_layers_hold():
+    assert layer_breaches(whole_graph()) == []
+
+
+def test_the_layer_check_sees_a_breach(tmp_path):
+    """The check above can fail: a copy of the house where the schema imports a stage and the renderer the
+    transport, each named."""
+    import shutil
+
+    pkg = tmp_path / "pipeline"
+    shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    assert layer_breaches(graph(pkg)) == []
+    (pkg / "result.py").write_text((pkg / "result.py").read_text() + "\n\ndef f():\n    from pipeline.serving import score\n")
+    (pkg / "report.py").write_text((pkg / "report.py").read_text() + "\n\ndef g():\n    from pipeline import github\n")
+    assert layer_breaches(graph(pkg)) == ["pipeline.result imports pipeline.serving",
+                                          "pipeline.result imports pipeline.serving.score",
+                                          "pipeline.report imports pipeline.github"]
 
 
 def test_every_verb_lives_in_a_stage_module_and_none_in_a_transport_named_one():

@@ -249,7 +249,7 @@ def test_the_comment_draws_the_plot_as_text_each_point_where_its_figures_put_it(
 def test_post_result_links_the_plot_the_sign_job_uploaded(fake, tmp_path, key_file):
     """bench.yml's sign job uploads `serving-plot` beside the signed result; the comment links that
     artifact's page (an expired one, or none, leaves the sentence that names the file)."""
-    from pipeline.report import PLOT_ARTIFACT
+    from pipeline.post import PLOT_ARTIFACT
 
     open_pr(fake)
     doc = sf.serving_result(login="bob", pr=7, head_sha=HEAD, t=1.21, i=1.08)

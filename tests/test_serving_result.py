@@ -16,7 +16,7 @@ from fixtures.serving_results import factory as sf
 from ledger_factory import FOREIGN_KEY, raw, resign
 from pipeline import ledger as lg, result
 from pipeline.__main__ import main
-from pipeline.serving import metrics
+from pipeline.serving import document, metrics
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "serving_results"
 
@@ -151,7 +151,7 @@ def test_what_metrics_level_gives_is_what_the_schema_keeps():
     def real(scale: float) -> dict:
         return {c: metrics.level(replay_document(c, seconds=0.5 / scale), gpus=1) for c in (1, 4)}
 
-    doc = result.serving_document(
+    doc = document.serving_document(
         submission={"path": "submissions/serving/bob/patch.diff", "blob_sha": sf.sha("b"), "login": None, "pr": None,
                     "head_sha": None},
         patch_gate=sf.PATCH_GATE, engine={"name": "transformers", "version": "5.0", "gpus": 1},

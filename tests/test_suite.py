@@ -61,3 +61,19 @@ def test_gpu_durations_folds_a_cut_shares_junit_xml_into_the_times_the_shares_ar
 
     assert json.loads(target.read_text()) == {"tests/exploits/test_exploits.py::test_a[x.py]": 5.04,
                                               "tests/test_faults.py::test_b[GPU memory exhaustion]": 251.53}
+
+
+def test_the_gpu_entry_point_runs_named_tests_and_writes_their_log_and_times(tmp_path):
+    """`bash benchmarks/gpu.sh tests 1/1 ID` as a device call runs it (here the GPU test is collected and skipped:
+    no CUDA): pytest's log and the junit XML that gpu_durations.py folds land in $OUT; an unknown suite is exit 2."""
+    test_id = "tests/test_transport.py::test_an_output_buffer_is_poisoned_before_a_worker_can_write_it"
+    done = subprocess.run(["bash", "benchmarks/gpu.sh", "tests", "1/1", test_id], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ, "OUT": str(tmp_path)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "gpu-tests-1-of-1.log").read_text()
+    assert "1 skipped" in log and log.rstrip().splitlines()[-1].startswith("== pytest exit 0"), log[-2000:]
+    assert 'name="test_an_output_buffer_is_poisoned_before_a_worker_can_write_it"' in (
+        tmp_path / "gpu-tests-1-of-1.xml").read_text()
+    wrong = subprocess.run(["bash", "benchmarks/gpu.sh", "everything"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60, env={**__import__("os").environ, "OUT": str(tmp_path)})
+    assert wrong.returncode == 2 and "unknown suite everything" in wrong.stderr, wrong.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from pipeline import diff, report
 from pipeline import validate as v
 from pipeline.__main__ import main
 from pipeline.problems import list_problems
@@ -213,10 +214,10 @@ def test_a_serving_submission_is_checked_against_its_own_limits():
 
 
 def test_git_quoting_is_undone_before_the_rules_apply():
-    assert v._unquote('"b/sub\\tmission.py"') == "b/sub\tmission.py"
-    assert v._unquote('"b/\\303\\274n\\303\\257.py"') == "b/ünï.py"
-    assert v._unquote('"b/a\\"b\\\\c"') == 'b/a"b\\c'
-    assert v._unquote("b/plain.py") == "b/plain.py"
+    assert diff.unquote('"b/sub\\tmission.py"') == "b/sub\tmission.py"
+    assert diff.unquote('"b/\\303\\274n\\303\\257.py"') == "b/ünï.py"
+    assert diff.unquote('"b/a\\"b\\\\c"') == 'b/a"b\\c'
+    assert diff.unquote("b/plain.py") == "b/plain.py"
 
 
 def test_a_checkout_is_measured_without_following_links(tmp_path):
@@ -264,7 +265,7 @@ def test_an_unreadable_diff_is_refused_with_a_message(tmp_path, capsys):
 def test_the_comment_escapes_what_the_pr_chose():
     hostile = "submissions/kernel/muse_bf16_proj/bob/[click](https:__evil.example)_@maintainers_<img src=x>.py"
     verdict = v.check([_one(hostile, size=1)], "bob", problems=PROBLEMS)
-    md = v.verdict_markdown(verdict, "Not queued.")
+    md = report.verdict_markdown(verdict, "Not queued.")
     row = next(line for line in md.splitlines() if "click" in line)
     # a link needs an unescaped `](`; pipeline/escape.py escapes every `[` and `]`
     assert re.search(r"(?<!\\)\]\(", row) is None and "<img" not in row and "@maintainers" not in row
@@ -272,12 +273,12 @@ def test_the_comment_escapes_what_the_pr_chose():
 
 
 def test_the_comment_lists_every_violation_up_to_a_cap():
-    changes = [_one(f"pipeline/f{i}.py") for i in range(v.MAX_LISTED + 5)]
+    changes = [_one(f"pipeline/f{i}.py") for i in range(report.MAX_LISTED_VIOLATIONS + 5)]
     verdict = v.check(changes, "bob", problems=PROBLEMS)
-    assert len(verdict.violations) == v.MAX_LISTED + 5
-    md = v.verdict_markdown(verdict)
-    assert f"REFUSED ({v.MAX_LISTED + 5} problems)" in md and "and 5 more" in md
-    assert len(json.dumps(verdict.as_dict()["violations"])) > 0 and len(verdict.as_dict()["violations"]) == v.MAX_LISTED + 5
+    assert len(verdict.violations) == report.MAX_LISTED_VIOLATIONS + 5
+    md = report.verdict_markdown(verdict)
+    assert f"REFUSED ({report.MAX_LISTED_VIOLATIONS + 5} problems)" in md and "and 5 more" in md
+    assert len(json.dumps(verdict.as_dict()["violations"])) > 0 and len(verdict.as_dict()["violations"]) == report.MAX_LISTED_VIOLATIONS + 5
 
 
 _TOKENS = list("abB0_-.~ \\\t\n:@[]") + ["..", "submissions", "kernel", "serving", "bob", "BoB", "alice",
@@ -402,7 +403,7 @@ def test_a_name_that_is_not_utf8_is_refused_as_git_spells_it():
             "new file mode 100644\nindex 0000000000000000000000000000000000000000..e69de29bb2d1d6434b8b29ae775ad8c2e48c5391\n")
     verdict = v.check(v.changes_from_diff(diff), "bob", problems=PROBLEMS)
     assert ("unsafe-path", "a path that is not UTF-8") in {(x.rule, x.message.split(":")[0]) for x in verdict.violations}
-    assert "\\udcff" in verdict.text() and v.verdict_markdown(verdict).encode("utf-8")
+    assert "\\udcff" in verdict.text() and report.verdict_markdown(verdict).encode("utf-8")
 
 
 @pytest.mark.parametrize("diff,why", [
@@ -453,7 +454,7 @@ def test_any_diff_is_read_or_refused_with_a_message_never_a_crash(lines):
         return
     verdict = v.check(changes, "bob", problems=PROBLEMS)
     verdict.text()
-    v.verdict_markdown(verdict).encode("utf-8")
+    report.verdict_markdown(verdict).encode("utf-8")
 
 
 def test_a_copy_or_rename_of_an_executable_is_caught_in_the_checkout(tmp_path):

@@ -205,7 +205,7 @@ def test_bench_yml_serving_job_fetches_the_patch_and_a_cpu_host_refuses_the_rest
 @pytest.mark.parametrize("dispatch", ["workflow_dispatch.bench.json", "workflow_dispatch.bench.serving.json"])
 def test_bench_yml_sign_job_signs_what_was_dispatched_and_plots_a_serving_result(tmp_path, dispatch):
     from fixtures.serving_results import factory as sf
-    from pipeline import signing
+    from pipeline import result, signing
 
     inputs = event(dispatch)["inputs"]
     serving = inputs["track"] == "serving"
@@ -220,7 +220,7 @@ def test_bench_yml_sign_job_signs_what_was_dispatched_and_plots_a_serving_result
     (job.temp / "unsigned" / "result.json").write_text(json.dumps(doc))
     done = job.run(step("bench.yml", "sign", "Check and sign it"))
     assert done.returncode == 0, done.stderr
-    signed = signing.loads((job.temp / "signed" / "result.json").read_bytes())
+    signed = result.loads((job.temp / "signed" / "result.json").read_bytes())
     assert signing.verify(signed, signing.load_keyring(signing.keyring_dir())).key_id == TEST_KEY.key_id
     assert (signed["submission"]["pr"], signed["problem"]) == (int(inputs["pr"]), "serving" if serving
                                                                else inputs["problem"])

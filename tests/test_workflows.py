@@ -212,7 +212,7 @@ def test_signing_is_a_job_of_its_own_on_the_signer_from_a_pristine_checkout():
     dispatch's inputs; report and the reconcile read the artifact that job uploads."""
     from pipeline.publish import RESULT_ARTIFACT
 
-    from pipeline.report import PLOT_ARTIFACT
+    from pipeline.post import PLOT_ARTIFACT
 
     jobs = load("bench.yml")["jobs"]
     evaluate, serving, sign = jobs["evaluate"], jobs["serving"], jobs["sign"]

@@ -16,7 +16,7 @@ from pipeline.competition import Competition, format_instant
 from pipeline.ledger import ENTRANT_KEY, ORGANIZERS, Unparsed, latest_markings
 
 # The serving board's columns: the ratio of each scored figure to the baseline's, as a serving result's
-# performance entries name them (pipeline/result.py's serving_document; c as in pipeline/serving/score.py).
+# performance entries name them (pipeline/serving/document.py's serving_document; c as in pipeline/serving/score.py).
 SERVING_FIGURES = tuple(f"{m}_{c}" for c in (1, 4, 16, 32) for m in ("T", "I"))
 STATES = ("ranked", "under_review", "disqualified", "out_of_window")
 # the state of the organizers' own results: shown beside the baseline, never ranked (not one of STATES,
