@@ -1,5 +1,5 @@
 """Does the place of cuBLAS's workspace set the level of a split-K GEMV? GPU only. One process's worth;
-run it several times (gpu_session.sh step `workspace` runs it 3 times).
+run it several times (`bash benchmarks/gpu.sh method` runs it once beside the other method experiments).
 
     python benchmarks/blas_workspace.py [--ms 1 32] [--trials 12] [--json OUT]
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Rebuilds .whl/ (git-ignored), the wheels a device call carries (`carry: [".whl"]`, 64 MiB a call): what the
 # device image (CPython 3.12, torch 2.11+cu130, transformers 5.17, no network) lacks for the GPU steps of
-# benchmarks/gpu_session.sh. Versions are this machine's where it has the package (so the device runs what
+# benchmarks/gpu.sh. Versions are this machine's where it has the package (so the device runs what
 # the CPU suite tested), binary wheels for cp312 manylinux x86_64.
-#   .whl/*.whl            the pipeline's own imports (installed by gpu_session.sh into /root/site)
+#   .whl/*.whl            the pipeline's own imports (installed by gpu.sh into /root/site)
 #   .whl/serving/         the `serving` step: transformers serve's stack, the tokenizer, the pinned SGLang
 #                         sdist, and the smoke conversations (smoke-64.json.gz)
 #   .whl/toolchains/      the `toolchains` step: ninja and CUTLASS's headers (benchmarks/toolchains_setup.sh)

@@ -1,4 +1,4 @@
-"""Fold the seconds each GPU test took (the junit XML of `benchmarks/gpu_tests.sh`) into tests/gpu_durations.json,
+"""Fold the seconds each GPU test took (the junit XML of `benchmarks/gpu.sh tests`) into tests/gpu_durations.json,
 which `pytest --shard K/N` cuts the GPU suite by. A test measured again replaces its old figure; the card is
 the caller's to record (docs/BENCHMARKS.md says which).
 

@@ -1,5 +1,5 @@
 """Does the host's launch latency sit inside a sample, and does it drift? GPU only. One process's
-worth; run it several times (gpu_session.sh step `guard` runs it 5 times and compares).
+worth; run it several times (`bash benchmarks/gpu.sh method` runs it 3 times and compares).
 
     python benchmarks/launch_guard.py [--ms 1 32] [--trials 8] [--json OUT]
     python benchmarks/launch_guard.py --compare r1.json r2.json ...

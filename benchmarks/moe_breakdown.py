@@ -7,7 +7,7 @@ on the bytes it must read (the experts the batch uses). GPU only.
 
     python benchmarks/moe_breakdown.py [--m 1 --m 16 --m 32] [--calls 40] [--json OUT]
     python benchmarks/moe_breakdown.py --solution [--config '{"BN_UP": 16}'] ...   (the organizers' solution)
-    ncu -k regex:gate_up|_down ... python benchmarks/moe_breakdown.py --m 1 --plain   (gpu_session.sh moe-ncu)
+    ncu -k regex:gate_up|_down ... python benchmarks/moe_breakdown.py --m 1 --plain   (ncu on a device call)
 """
 
 from __future__ import annotations

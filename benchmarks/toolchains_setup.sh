@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The `toolchains` step's first half (benchmarks/gpu_session.sh): what this GPU machine has to build a
+# The first half of `bash benchmarks/gpu.sh toolchains` (and of its `tests` suite): what this GPU machine has to build a
 # submission with, and the toolchain wheels brought in .whl/toolchains/ made importable the way a
 # worker imports (`python -I` ignores PYTHONPATH, so a .pth file in the interpreter's own site-packages
 # names the folder they are installed in; the sandbox binds every folder on the evaluator's sys.path).
