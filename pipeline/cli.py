@@ -22,7 +22,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "pipeline.ledger": ("ledger",),  # `ledger append | verify | disqualify | clear`: what is recorded
     "pipeline.board.cli": ("board", "prizes", "snapshots"),  # the boards, from the ledger alone
     "pipeline.publish": ("find-result", "publish"),  # what ledger.yml and snapshot.yml push, by compare-and-swap
-    "pipeline.sandbox": ("sandbox-check",),  # the trust boundary
+    "pipeline.sandbox.check": ("sandbox-check",),  # the trust boundary
     "pipeline.runner": ("runner",),  # `runner health`: the runner between evaluations
     "pipeline.serving.cli": ("serving",),  # `serving fetch | gate | dataset | replay | ...`: the serving track
     "pipeline.demo": ("demo",),  # a small competition end to end, every step one of the verbs above

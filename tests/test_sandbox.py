@@ -1,4 +1,4 @@
-"""pipeline/sandbox.py: what a command inside a Sandbox can and cannot do (argv, environment, fds, exit
+"""pipeline/sandbox/: what a command inside a Sandbox can and cannot do (argv, environment, fds, exit
 status, uid, namespaces, the file system it sees, each resource limit) and the fallback where isolation
 cannot be had. CI runs as root, where isolation must work: a root that cannot isolate fails here, it
 does not skip. Without root (a laptop) the isolated tests skip and the fallback ones still run."""

@@ -17,7 +17,7 @@ One launch (`Server`), as `python -m pipeline serving evaluate` runs one per blo
   (pyproject*.toml, setup.py and setup.cfg are denied by the gate), and the compiled kernels are a
   352 MB wheel already on the node; the path puts exactly the patched sources in front of exactly the
   pinned environment, and the baseline runs the same way from its own unpatched copy.
-- The sandbox (pipeline/sandbox.py): the server runs as a uid of its own in new pid, mount, IPC and
+- The sandbox (pipeline/sandbox/): the server runs as a uid of its own in new pid, mount, IPC and
   network namespaces with [limits.serving]'s rlimits, reading only the Python installation and the
   template's `readable` (the model, the tree); not the dataset, not the checkout, not the runner's keys.
   Its network namespace has its own loopback, brought up (`Sandbox(loopback=True)`), and nothing else:

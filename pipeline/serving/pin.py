@@ -76,7 +76,7 @@ def load_pin(path: Path | None = None) -> Pin:
 # ---- the launch templates: sglang_pin/pin.toml [launch.<name>] ----
 
 # What a template may name in braces; pipeline/serving/launch.py fills them in. {scratch} is the
-# sandbox's own (pipeline/sandbox.py SCRATCH_TOKEN: its /tmp), {delay_ms} exists only in `slowdown`.
+# sandbox's own (pipeline/sandbox/ SCRATCH_TOKEN: its /tmp), {delay_ms} exists only in `slowdown`.
 PLACEHOLDERS = ("python", "model", "port", "gpus", "context_length", "tree", "device", "scratch")
 TEMPLATE_KEYS = {
     # key: (required, what it is)
