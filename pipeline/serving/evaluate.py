@@ -298,7 +298,7 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         system, conversations, dataset_sha = replay.load_dataset(inputs.dataset)
     except replay.ReplayError as exc:
         raise UsageError(str(exc)) from None
-    from pipeline.serving import dataset as dataset_stage
+    from pipeline.serving import trace as dataset_stage
 
     meta_of_set = dataset_stage.read(inputs.dataset)["metadata"]
     if template.context_length is not None and meta_of_set.get("window", 0) > template.context_length:

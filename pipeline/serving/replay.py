@@ -779,7 +779,7 @@ def _load_tokenizer(path: Path | None):
 
 def load_dataset(path: Path) -> tuple[str, list[dict[str, Any]], str]:
     """(system, conversations, content sha256) of a dataset file, refused with every structural problem."""
-    from pipeline.serving import dataset
+    from pipeline.serving import trace as dataset
 
     try:
         document = dataset.read(path)
