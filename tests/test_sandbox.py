@@ -674,3 +674,51 @@ def test_sandbox_check_fails_where_isolation_is_refused():
                          capture_output=True, text=True, timeout=60) if os.geteuid() == 0 else pytest.skip("root")
     assert got.returncode == 1 and got.stdout.startswith("FAIL  isolation:"), got.stdout + got.stderr
 
+
+
+# ---- which GPU nodes a CUDA sandbox binds (issue 39: only the runner's own GPU) ----
+
+HOST_NODES = ["nvidia-caps", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{i}" for i in range(8)),
+              "nvidiactl"]
+DRIVER_NODES = ["nvidia-caps", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
+
+
+class FakeNvml:
+    """Stands in for the NVIDIA driver's library (no GPU here): UUIDs and PCI-order indices to minor numbers."""
+
+    def __init__(self, minors: dict[str, int]):
+        self.minors, self.closed = minors, False
+
+    def minor(self, visible: str) -> int:
+        if visible not in self.minors:
+            raise LookupError(f"no GPU {visible}")
+        return self.minors[visible]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_cuda_sandbox_binds_the_driver_nodes_and_its_own_gpus_node_alone():
+    from pipeline.sandbox.plan import gpu_nodes
+
+    assert gpu_nodes(HOST_NODES, [3]) == DRIVER_NODES[:4] + ["nvidia3", "nvidiactl"]
+    assert gpu_nodes(HOST_NODES, [0, 7]) == DRIVER_NODES[:4] + ["nvidia0", "nvidia7", "nvidiactl"]
+    assert gpu_nodes(HOST_NODES, None) == HOST_NODES  # which GPU is not known for certain: all, with a warning
+
+
+@pytest.mark.parametrize("env,minors,why", [
+    ({"CUDA_VISIBLE_DEVICES": "GPU-aaaa-1111"}, [5], ""),
+    ({"CUDA_VISIBLE_DEVICES": "3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, [3], ""),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-aaaa-1111,GPU-bbbb-2222"}, [5, 6], ""),
+    ({}, None, "no CUDA_VISIBLE_DEVICES"),
+    ({"CUDA_VISIBLE_DEVICES": "3"}, None, "CUDA_DEVICE_ORDER=PCI_BUS_ID"),  # CUDA's own order is a guess
+    ({"CUDA_VISIBLE_DEVICES": "MIG-0c4d-77"}, None, "only a GPU's UUID"),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-aaaa"}, None, "cannot name the node"),  # a prefix CUDA takes, NVML does not
+])
+def test_the_gpus_node_comes_from_cuda_visible_devices_through_nvml_or_every_node_is_bound(env, minors, why):
+    from pipeline.sandbox.plan import visible_gpu_minors
+
+    nvml = FakeNvml({"GPU-aaaa-1111": 5, "GPU-bbbb-2222": 6, "3": 3})
+    got, reason = visible_gpu_minors(env, nvml)
+    assert got == minors and why in reason, (got, reason)
+    assert nvml.closed or not env.get("CUDA_VISIBLE_DEVICES", "").startswith("GPU-")

@@ -25,7 +25,9 @@ WORKER = Path(__file__).resolve().parent / "worker.py"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/: the only part of the checkout a worker sees
 LOG_TAIL_CHARS = 4000
 MAX_REPLY_BYTES = 1 << 20
-ENV_PASSTHROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LANG", "LC_ALL")
+# CUDA_DEVICE_ORDER with CUDA_VISIBLE_DEVICES: an index names the GPU whose node alone the sandbox binds (sandbox/plan.py)
+ENV_PASSTHROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LANG",
+                   "LC_ALL")
 
 
 WORKER_STATUSES = ("compile_error", "runtime_error")

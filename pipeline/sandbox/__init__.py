@@ -22,8 +22,10 @@ As root, where the kernel lets us, a `Sandbox` runs its command
   caller's `readable` files and folders. Nothing else of the host exists inside: not /root (beyond the
   Python installed there), /home, /run, /var, /opt, the rest of the checkout, result folders or keys.
   /proc is a fresh procfs of the new pid namespace (hidepid=invisible: the sandbox sees its own
-  processes only), /dev holds null, zero, full, random, urandom, tty and for device='cuda' every
-  /dev/nvidia* node and /dev/nvidia-caps, /dev/shm is a fresh tmpfs (Limits.shm_bytes), and /tmp is the
+  processes only), /dev holds null, zero, full, random, urandom, tty and for device='cuda' the
+  driver's nodes (nvidiactl, nvidia-uvm*, nvidia-modeset, nvidia-caps) and the node of each GPU the
+  command's CUDA_VISIBLE_DEVICES names (plan.visible_gpu_minors; every GPU's where none is named for
+  certain, with a warning), /dev/shm is a fresh tmpfs (Limits.shm_bytes), and /tmp is the
   scratch: a fresh tmpfs of Limits.scratch_bytes owned by the sandbox's uid, the one place it can write
   (with /dev/shm). The host's tree is unreachable: the root is switched with pivot_root and the old one
   detached, and no capability is left to mount, chroot or ptrace anything;

@@ -58,7 +58,8 @@ if cfg["device"] == "cuda":
     def cuda():
         import torch
         return {"available": torch.cuda.is_available(), "sum": torch.ones(4, device="cuda").sum().item(),
-                "name": torch.cuda.get_device_name(0)}
+                "name": torch.cuda.get_device_name(0),
+                "nodes": sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))}
     out["cuda"] = attempt(cuda)
 r, w = os.pipe()
 if os.fork() == 0:  # a grandchild detached in a session of its own: it must die with the sandbox
@@ -122,7 +123,7 @@ def sandbox_check(args) -> int:
     server.listen(4)
     env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": SCRATCH, "TMPDIR": SCRATCH,
            "PYTHONDONTWRITEBYTECODE": "1"}
-    for k in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES"):
+    for k in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         if k in os.environ:
             env[k] = os.environ[k]
     if args.device == "cpu":

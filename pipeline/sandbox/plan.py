@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import errno
+import os
+import re
+import sys
+from typing import Any
 
 from pipeline.sandbox.inside import SCRATCH
 
@@ -68,6 +70,77 @@ def _python_paths(cwd: str, granted: list[str]) -> list[str]:
             continue
         out.append(p)
     return out
+
+
+# /dev/nvidiaN: one GPU's node (N its minor number); the others (nvidiactl, nvidia-uvm, nvidia-uvm-tools,
+# nvidia-modeset, nvidia-caps/) are the driver's, which every CUDA process needs
+_GPU_NODE = re.compile(r"nvidia(\d+)")
+
+
+def gpu_nodes(names: list[str], minors: list[int] | None) -> list[str]:
+    """Of the host's /dev/nvidia* names, those a CUDA sandbox binds: the driver's nodes, and a GPU's node only
+    for the GPUs in `minors` (None: every GPU, where which ones the command may use is not known)."""
+    out = []
+    for name in names:
+        m = _GPU_NODE.fullmatch(name)
+        if m is None or minors is None or int(m.group(1)) in minors:
+            out.append(name)
+    return out
+
+
+def visible_gpu_minors(env: dict[str, str], nvml: Any = None) -> tuple[list[int] | None, str]:
+    """The minor numbers (the N of /dev/nvidiaN) of the GPUs the command's CUDA_VISIBLE_DEVICES names, through
+    NVML; (None, why) where they cannot be known for certain: no CUDA_VISIBLE_DEVICES, an index without
+    CUDA_DEVICE_ORDER=PCI_BUS_ID (CUDA's default order is its own guess, not NVML's), a MIG instance, no NVML."""
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return None, ("the command's environment has no CUDA_VISIBLE_DEVICES; set it to the runner's GPU (its UUID, "
+                      "or its index with CUDA_DEVICE_ORDER=PCI_BUS_ID) to bind that GPU's node alone")
+    pci_order = env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+    for v in visible:
+        if not (v.startswith("GPU-") or (v.isdigit() and pci_order)):
+            return None, (f"CUDA_VISIBLE_DEVICES holds {v!r}: only a GPU's UUID, or its index with "
+                          "CUDA_DEVICE_ORDER=PCI_BUS_ID, names one GPU for certain")
+    try:
+        lib = nvml if nvml is not None else _Nvml()
+    except OSError as exc:
+        return None, f"NVML cannot be loaded to find the GPUs' nodes ({exc})"
+    try:
+        return [lib.minor(v) for v in visible], ""
+    except (OSError, LookupError) as exc:
+        return None, f"NVML cannot name the node of {', '.join(visible)} ({exc})"
+    finally:
+        lib.close()
+
+
+class _Nvml:
+    """The few NVML calls visible_gpu_minors needs, through ctypes (no Python binding needed)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self._ct = ctypes
+        self._lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if self._lib.nvmlInit_v2() != 0:
+            raise OSError("nvmlInit failed")
+
+    def minor(self, visible: str) -> int:
+        ct = self._ct
+        handle = ct.c_void_p()
+        if visible.startswith("GPU-"):
+            rc = self._lib.nvmlDeviceGetHandleByUUID(visible.encode(), ct.byref(handle))
+        else:
+            rc = self._lib.nvmlDeviceGetHandleByIndex_v2(ct.c_uint(int(visible)), ct.byref(handle))
+        if rc != 0:
+            raise LookupError(f"no GPU {visible} (NVML error {rc}; a UUID must be whole)")
+        minor = ct.c_uint()
+        rc = self._lib.nvmlDeviceGetMinorNumber(handle, ct.byref(minor))
+        if rc != 0:
+            raise LookupError(f"no minor number for GPU {visible} (NVML error {rc})")
+        return minor.value
+
+    def close(self) -> None:
+        self._lib.nvmlShutdown()
 
 
 def plan(readable: list, env: dict[str, str], device: str = "cpu", hidden: list = (), cwd: str | None = None) -> dict:
@@ -170,8 +243,11 @@ def plan(readable: list, env: dict[str, str], device: str = "cpu", hidden: list 
         steps.append(("link", link, target))
     devices = [(d, False) for d in DEVICES if os.path.exists("/dev/" + d)]
     if device == "cuda":
-        for name in sorted(os.listdir("/dev")):
-            if name.startswith("nvidia"):
+        names = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
+        minors, why = visible_gpu_minors(env)
+        if minors is None and any(_GPU_NODE.fullmatch(n) for n in names):
+            warnings.append(f"every GPU of the host is bound: {why}")
+        for name in gpu_nodes(names, minors):
                 full = "/dev/" + name
                 if os.path.isdir(full):
                     devices.append((name, True))
