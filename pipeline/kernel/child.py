@@ -24,6 +24,7 @@ from pipeline.kernel import transport
 WORKER = Path(__file__).resolve().parent / "worker.py"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/: the only part of the checkout a worker sees
 LOG_TAIL_CHARS = 4000
+WAKE_S = 0.5  # the longest the parent's main thread sleeps waiting for a reply
 MAX_REPLY_BYTES = 1 << 20
 # CUDA_DEVICE_ORDER with CUDA_VISIBLE_DEVICES: an index names the GPU whose node alone the sandbox binds (sandbox/plan.py)
 ENV_PASSTHROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LANG",
@@ -206,7 +207,9 @@ class Child:
             remaining = limit - time.monotonic()
             if remaining <= 0:
                 raise WorkerTimeout(self.role, op, seconds, total=limit >= self.deadline)
-            ready, _, _ = select.select([self._resp_r], [], [], remaining)
+            # never longer than WAKE_S: a SIGINT or SIGTERM the kernel hands to another thread (the progress
+            # ticker, an output drain) interrupts only that thread; Python acts on it when this one wakes
+            ready, _, _ = select.select([self._resp_r], [], [], min(remaining, WAKE_S))
             if not ready:
                 continue
             chunk = os.read(self._resp_r, 65536)
