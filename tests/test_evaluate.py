@@ -434,8 +434,11 @@ def test_ctrl_c_prints_one_line_and_leaves_no_process(tmp_path, to):
     """Ctrl-C while the submission's first call never returns. The kernel may hand a process's SIGINT to any of
     its threads (the progress ticker's, say): "another thread" sends it to one of those alone, and the main
     thread, waiting for the worker's reply, must still act on it (it waited out the call's 180 s before)."""
+    # as from a terminal: SIGINT at its default, whatever this suite inherited (a shell's background job, CI's
+    # runner, ignores it, and an ignored SIGINT is inherited through exec)
     proc = subprocess.Popen([*CLI, FIX / "infinite_loop.py", "--problem", "muse_bf16_proj", "--seeds", "1"],
-                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = proc.stderr.readline()
     assert "loaded muse_bf16_proj" in line, line
     family = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
