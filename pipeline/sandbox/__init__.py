@@ -111,7 +111,6 @@ import errno
 import grp
 import marshal
 import pwd
-import resource
 import secrets
 import select
 import shutil
@@ -122,7 +121,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.sandbox.inside import PR_SET_CHILD_SUBREAPER, SCRATCH, SCRATCH_TOKEN, SECCOMP
+from pipeline.sandbox.inside import PR_SET_CHILD_SUBREAPER, SCRATCH, SCRATCH_TOKEN, SECCOMP, set_rlimits
 from pipeline.sandbox.limits import (COMPETITION_TOML, SANDBOX_LIMITS, Limits, LimitsError, MemoryGroup,  # noqa: F401
                                      Policy, _applied_limits, _rlimits, load_limits, sandbox_limits)
 from pipeline.sandbox.plan import plan
@@ -495,13 +494,7 @@ class Sandbox:
         limits = _rlimits(self.policy.limits, self.device, own_uid=False)
 
         def apply() -> None:  # between fork and exec: rlimit calls only
-            for name, value in limits:
-                soft, hard = value if isinstance(value, tuple) else (value, value)
-                which = getattr(resource, name)
-                ceiling = resource.getrlimit(which)[1]
-                if ceiling != resource.RLIM_INFINITY:
-                    soft, hard = min(soft, ceiling), min(hard, ceiling)
-                resource.setrlimit(which, (soft, hard))
+            set_rlimits(limits)
 
         try:
             self._proc = subprocess.Popen(

@@ -424,10 +424,24 @@ def _build_root(spec: dict, libc: _Libc) -> None:
     os.chdir(spec["cwd"])
 
 
+def set_rlimits(rlimits: list) -> None:
+    """Each (name, value or (soft, hard)) as soft and hard limit: the command cannot raise them again (CPU's hard
+    limit sits a second above its soft one). Never above the host's hard limit: raising one needs
+    CAP_SYS_RESOURCE, which containers often lack. rlimit calls only: it also runs between fork and exec."""
+    import resource
+
+    for name, value in rlimits:
+        soft, hard = value if isinstance(value, tuple) else (value, value)
+        which = getattr(resource, name)
+        ceiling = resource.getrlimit(which)[1]
+        if ceiling != resource.RLIM_INFINITY:
+            soft, hard = min(soft, ceiling), min(hard, ceiling)
+        resource.setrlimit(which, (soft, hard))
+
+
 def _exec_command(spec: dict, libc: _Libc, report: int) -> None:
     """In the command's process (pid 2): limits, then drop every privilege, then exec."""
     import _signal
-    import resource
 
     # Dispositions and the mask survive exec: Python ignores SIGPIPE and SIGXFSZ, the command must not.
     for sig in range(1, _signal.NSIG):
@@ -438,15 +452,7 @@ def _exec_command(spec: dict, libc: _Libc, report: int) -> None:
                 pass
     _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
     os.setsid()
-    for name, value in spec["rlimits"]:
-        # soft and hard: the command cannot raise them again; CPU's hard limit sits a second above. Never
-        # above the host's hard limit: raising one needs CAP_SYS_RESOURCE, which containers often lack.
-        soft, hard = value if isinstance(value, tuple) else (value, value)
-        which = getattr(resource, name)
-        ceiling = resource.getrlimit(which)[1]
-        if ceiling != resource.RLIM_INFINITY:
-            soft, hard = min(soft, ceiling), min(hard, ceiling)
-        resource.setrlimit(which, (soft, hard))
+    set_rlimits(spec["rlimits"])
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last_cap = int(f.read())
     for cap in range(last_cap + 1):  # no file capability or setuid binary can hand anything back
