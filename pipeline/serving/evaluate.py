@@ -298,9 +298,9 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         system, conversations, dataset_sha = replay.load_dataset(inputs.dataset)
     except replay.ReplayError as exc:
         raise UsageError(str(exc)) from None
-    from pipeline.serving import trace as dataset_stage
+    from pipeline.serving import trace
 
-    meta_of_set = dataset_stage.read(inputs.dataset)["metadata"]
+    meta_of_set = trace.read(inputs.dataset)["metadata"]
     if template.context_length is not None and meta_of_set.get("window", 0) > template.context_length:
         raise UsageError(f"{inputs.dataset} was made for a {meta_of_set['window']:,}-token window, more than the "
                          f"{template.context_length:,} tokens the template {template.name!r} serves")

@@ -779,18 +779,18 @@ def _load_tokenizer(path: Path | None):
 
 def load_dataset(path: Path) -> tuple[str, list[dict[str, Any]], str]:
     """(system, conversations, content sha256) of a dataset file, refused with every structural problem."""
-    from pipeline.serving import trace as dataset
+    from pipeline.serving import trace
 
     try:
-        document = dataset.read(path)
-    except dataset.DatasetError as exc:
+        document = trace.read(path)
+    except trace.DatasetError as exc:
         raise ReplayError(str(exc)) from None
-    errors = dataset.check_structure(document)
+    errors = trace.check_structure(document)
     if errors:
         shown = "\n  ".join(errors[:20])
         raise ReplayError(f"{path} is not a dataset the replay can use:\n  {shown}\n"
                           f"(python -m pipeline serving dataset check {path} lists everything)")
-    sha = dataset.content_sha256(document)
+    sha = trace.content_sha256(document)
     recorded = document["metadata"]["content_sha256"]
     if sha != recorded:
         raise ReplayError(f"{path}: its content has sha256 {sha}, but its metadata says {recorded}: "
