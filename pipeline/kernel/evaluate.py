@@ -1056,7 +1056,7 @@ def _bench_workload(child, base, problem, shape, opts, device, doc, fail, worklo
         if why is None and untrusted is None and held is not None and (held["upper"] < REPLAY_PROPORTION or lazy):
             message = (f"the submission's timed blocks grew by {held['slope_us']:.1f} us of the evaluator's wall time per "
                        f"added replay, against the {held['claimed_us']:.1f} us a replay took by its own figures "
-                       f"({held['ratio']:.2f}x; at most {held['upper']:.2f}x at 95%, over {held['blocks']} blocks of a "
+                       f"({held['ratio']:.1%} of it, {held['ratio']:.2f}x; at most {held['upper']:.2f}x at 95%, over {held['blocks']} blocks of a "
                        "drawn number of replays): its graph does not do a replay's work in every replay")
             if held["upper"] < REPLAY_UNTRUSTED or lazy:
                 untrusted = message + ", so the timings cannot be trusted"
