@@ -121,3 +121,10 @@ test_any_output_claim_reads_as_a_tensor_or_a_message, test_any_output_claim_thor
         "dtype": json_values | st.sampled_from(["bfloat16", "float32", "int8", "bool"]),
         "shape": json_values | st.lists(st.integers(min_value=-3, max_value=1 << 41), max_size=5),
         "too_large": json_values, "error": json_values})}, _output_claim)
+
+
+@pytest.mark.parametrize("shape", [[21848, 16663749, 50668182, 0], [0, 1 << 39, 1 << 39], [1 << 39, 1 << 39]])
+def test_an_empty_or_huge_shape_whose_strides_overflow_is_a_message(shape):
+    """Found by the heavy tier: zero elements, but sizes whose product overflows torch's stride arithmetic."""
+    got = transport.read_output(ARENA, {"dtype": "bfloat16", "shape": shape})
+    assert isinstance(got, str) and "larger than any tensor" in got
