@@ -25,6 +25,12 @@ How a level is replayed (serving-track.md, "The replay"):
   replayed again in a later pass of the queue gets the marker with the pass number (`<marker>/<pass>`), so
   it is not served from its own earlier pass either. Where the engine has one, the cache is flushed
   before the run (SGLang's POST /flush_cache, retried while it answers that requests are pending).
+- Every replay of a live conversation (each run, pass and conversation) renames about half of its code
+  identifiers, the same way in all its messages and fixed replies, to others of the dataset with the same
+  token count, drawn with the OS's randomness (pipeline/serving/renaming.py): the marker is a line a
+  server can strip, the renaming is not, so no reply kept from an earlier run, level or block answers a
+  prompt of this one. Canaries and the system prefix are not renamed. `facts.renaming` counts the
+  replays and names renamed.
 - Every streamed chunk is timestamped with time.perf_counter_ns as it is read. Output tokens are counted
   by re-tokenising the streamed text with the given tokenizer (the pinned one by default), after the run,
   so the tokenizer costs nothing while streams are read. Each token is attributed to the chunk whose
@@ -100,9 +106,9 @@ import time
 from bisect import bisect_left
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from pipeline.serving import engine as engines
+from pipeline.serving import engine as engines, renaming
 
 FORMAT = "muse-serving-replay"
 FORMAT_VERSION = 1
@@ -201,7 +207,7 @@ class History:
     def add(self, message: dict[str, Any]) -> None:
         self.encoded.append(self._dumps(message))
 
-    def extend(self, messages: list[dict[str, Any]]) -> None:
+    def extend(self, messages: Iterable[dict[str, Any]]) -> None:
         for message in messages:
             self.add(message)
 
@@ -508,6 +514,7 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
     marker = marker or new_marker()
     queue = ConversationQueue(len(conversations), seed)
     specials = special_tokens(tokenizer)
+    renamer = renaming.Renamer(conversations, tokenizer)  # before the clock starts: it reads every message once
     opened: list[_Turn] = []
     # the audit's reservoir: (turn, its request body) for AUDIT_SAMPLE of the live turns that finished
     chooser = random.SystemRandom()
@@ -525,14 +532,15 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
             turns = conv["turns"]
             begin = start_turn(index, concurrency, len(turns)) if first else 0
             first = False
+            rename = renamer.replay(ci)  # this replay's own names (canaries: none)
             history = History(orjson.dumps)
             history.add(system_message(system, marker, pass_))
             for earlier in turns[:begin]:
-                history.extend(earlier["messages"])
-                history.add({"role": "assistant", "content": earlier["reply"]})
+                history.extend(renaming.message(rename, m) for m in earlier["messages"])
+                history.add({"role": "assistant", "content": rename(earlier["reply"])})
             for k in range(begin, len(turns)):
                 spec = turns[k]
-                history.extend(spec["messages"])
+                history.extend(renaming.message(rename, m) for m in spec["messages"])
                 turn = _Turn(index, conv["id"], pass_, k, bool(spec.get("canary", conv.get("canary"))),
                              int(spec["max_tokens"]))
                 # Let the other lanes' chunks that arrived meanwhile be read (and timestamped) first: the
@@ -591,6 +599,7 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
         "origin_ns": origin, "window_start_ns": window_start, "window_end_ns": window_start + int(window_s * 1e9),
         "stopped_ns": stopped - origin, "started_at": started_at, "flush": flush,
         "conversations": len(conversations), "turns_sent": len(records), "audit_population": finished_live,
+        "renaming": renamer.facts(),
     }
     out_facts.update(facts or {})
     return {"facts": out_facts, "turns": records, "audit": audit}

@@ -44,7 +44,9 @@ of this server's own words) with other words of the same length (WORDS shifted b
 turn whose history holds only the dataset's fixed replies (a canary, a conversation's first turn) is
 answered properly; `reply_cache` serves the stored reply for any request whose messages, less the system
 message's first line, were seen before by this launch (across runs and levels: a cache of earlier replies
-keyed on the content a run's marker cannot change).
+keyed on the content a run's marker cannot change); `reply_cache: "skeleton"` keys on that content with every
+code identifier replaced by a placeholder (a cache that looks past the replay's renaming); each request's
+log entry says whether the cache held its key (`cached`).
 The shapes of a stream (what the replay must refuse, pipeline/serving/replay.py's docstring): `field` puts a
 reply's text in `content` (the default), `reasoning_content`, `both` (every word in both fields of its chunk)
 or `split` (the first half of the words in reasoning_content, the rest in content: a reasoning parser's split);
@@ -65,6 +67,7 @@ import asyncio
 import json
 import os
 import sys
+import re
 import time
 
 import orjson
@@ -144,15 +147,20 @@ def whole_index(body: dict, offset: int = 0) -> int:
     return int.from_bytes(digest[:4], "big") + offset
 
 
-def content_key(body: dict) -> bytes:
+def content_key(body: dict, skeleton: bool = False) -> bytes:
     """The request's messages less the system message's first line (the run's marker and pass): what
-    reply_cache keys its stored replies on."""
+    reply_cache keys its stored replies on; with `skeleton`, every code identifier replaced by one
+    placeholder too (a cache that reads the replay's renaming, pipeline/serving/renaming.py, and looks
+    past it)."""
     msgs = list(body.get("messages") or [])
     if msgs and msgs[0].get("role") == "system":
         msgs[0] = {**msgs[0], "content": str(msgs[0].get("content", "")).split("\n", 1)[-1]}
+    if skeleton:  # every word with an underscore or a lower-case letter before an upper-case one
+        msgs = [{**m, "content": CODE_NAME.sub("#", str(m.get("content", "")))} for m in msgs]
     return orjson.dumps(msgs, option=orjson.OPT_SORT_KEYS)
 
 
+CODE_NAME = re.compile(r"\b\w*(?:_|[a-z][A-Z])\w*\b")  # the skeleton cache's own idea of a renamed name
 OWN_WORDS = frozenset(w.strip() for w in WORDS)
 
 
@@ -222,11 +230,14 @@ async def chat(request: web.Request) -> web.StreamResponse:
         index = prompt_index(body, int(script["words_offset"]))
     elif script["words_from"] == "whole":
         index = whole_index(body, int(script["words_offset"]))
+    cached = None
     if script["reply_cache"] and body.get("stream") is not False:
-        index = state.cache.setdefault(content_key(body), index)
+        key = content_key(body, skeleton=script["reply_cache"] == "skeleton")
+        cached = key in state.cache
+        index = state.cache.setdefault(key, index)
     if script["filler_live"] and live_turn(body):
         index += FILLER_SHIFT
-    entry = {"index": index, "t_start_ns": t_start, "t_end_ns": None,
+    entry = {"index": index, "t_start_ns": t_start, "t_end_ns": None, "cached": cached,
              "peer": (request.transport.get_extra_info("peername") or [None, None])[1],
              "body": body if script["record_bodies"] else {k: v for k, v in body.items() if k != "messages"}}
     state.requests.append(entry)

@@ -237,8 +237,10 @@ def candidate_fails(inputs, sglang_tree, tmp_path_factory):
 AUDITED = {
     # live turns (a history holding the server's own words) answered with other words of the same length
     "filler": ({"filler_live": True}, (), "scripted"),
-    # earlier replies served again for the same content under a new run's marker (across runs and levels)
-    "cache": ({"reply_cache": True}, (), "scripted-whole"),
+    # earlier replies served again for the same content under a new run's marker (across runs and levels),
+    # the content read past the replay's renaming (every code identifier blanked): without that, the
+    # renaming leaves the cache no live turn to answer (tests/exploits/test_serving_exploits.py)
+    "cache": ({"reply_cache": "skeleton"}, (), "scripted-whole"),
 }
 
 
