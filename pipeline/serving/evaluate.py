@@ -308,6 +308,9 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         tokenizer, tok_facts = launch.counting_tokenizer(template, model)
     except replay.ReplayError as exc:
         raise UsageError(f"the tokenizer output is counted with: {exc}") from None
+    from pipeline.serving import renaming
+
+    names = renaming.Names(conversations, tokenizer)  # once: every run's replays are renamed from it (replay.py)
     from pipeline.serving import gsm8k
 
     if plan.gsm8k_questions > gsm8k.TEST_QUESTIONS:
@@ -404,7 +407,7 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
                 runs[block], canaries[block], gsm8k, audits[block], population[block] = _block(
                     block, side, template, trees[side], model, policy, limits, plan, inputs, system, conversations,
                     tokenizer, dataset_sha, environment, launch_s, progress,
-                    audit_sample if block == AUDIT_BLOCK else None, resent)
+                    audit_sample if block == AUDIT_BLOCK else None, resent, names)
             except CandidateFailure as exc:
                 if side == "baseline":
                     raise HarnessFailure(f"{exc} (the unpatched baseline failed: the node or the harness is at fault, "
@@ -512,7 +515,7 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
            inputs: Inputs, system: str, conversations: list, tokenizer, dataset_sha: str,
            environment: dict[str, Any], launch_s: dict[str, float], progress,
            audit_sample: dict[str, list[dict[str, Any]]] | None = None,
-           resent: dict[str, list[dict[str, Any]]] | None = None):
+           resent: dict[str, list[dict[str, Any]]] | None = None, names=None):
     """One block: launch, the sweeps, the audit's re-sends where due, GSM8K where it is due, stop.
     CandidateFailure says how it failed. Returns (sweeps, canary outputs, GSM8K, audit turns, live turns finished)."""
     from pipeline.serving import engine, gsm8k, launch, metrics, replay
@@ -548,7 +551,8 @@ def _block(block: int, side: str, template, tree: Path, model: str | None, polic
                         return replay.run(server.url, system, conversations, tokenizer, engine=template.engine,
                                           concurrency=c, window_s=window, warmup_s=plan.warmup_s,
                                           seed=plan.level_seed(r, c), turn_timeout_s=plan.turn_timeout_s,
-                                          facts={"dataset_sha256": dataset_sha, "block": block, "side": side})
+                                          facts={"dataset_sha256": dataset_sha, "block": block, "side": side},
+                                          names=names)
 
                     doc = server.call(replay_level, timeout_s=plan.warmup_s + window + limits.level_extra_s,
                                       what=f"the level (warm-up {plan.warmup_s:g} s + window {window:g} s + "

@@ -106,7 +106,7 @@ import time
 from bisect import bisect_left
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pipeline.serving import engine as engines, renaming
 
@@ -207,7 +207,7 @@ class History:
     def add(self, message: dict[str, Any]) -> None:
         self.encoded.append(self._dumps(message))
 
-    def extend(self, messages: Iterable[dict[str, Any]]) -> None:
+    def extend(self, messages: list[dict[str, Any]]) -> None:
         for message in messages:
             self.add(message)
 
@@ -494,7 +494,8 @@ async def _stream_within(session, url: str, payload: bytes, turn: _Turn, timeout
 async def run(url: str, system: str, conversations: list[dict[str, Any]], tokenizer: Any, *,
               engine: str, concurrency: int, window_s: float, warmup_s: float, seed: int,
               turn_timeout_s: float = DEFAULT_TURN_TIMEOUT_S, model: str | None = None,
-              marker: str | None = None, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+              marker: str | None = None, facts: dict[str, Any] | None = None,
+              names: renaming.Names | None = None) -> dict[str, Any]:
     """Replay one level; returns {"facts": ..., "turns": [...]} as plain data (see the module's docstring).
 
     `conversations` are the dataset's (each {"id", "canary", "turns": [{"messages", "max_tokens",
@@ -514,7 +515,8 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
     marker = marker or new_marker()
     queue = ConversationQueue(len(conversations), seed)
     specials = special_tokens(tokenizer)
-    renamer = renaming.Renamer(conversations, tokenizer)  # before the clock starts: it reads every message once
+    # before the clock starts; `names` is the dataset's, built once for an evaluation's many runs
+    renamer = renaming.Renamer(names or renaming.Names(conversations, tokenizer))
     opened: list[_Turn] = []
     # the audit's reservoir: (turn, its request body) for AUDIT_SAMPLE of the live turns that finished
     chooser = random.SystemRandom()
@@ -532,15 +534,15 @@ async def run(url: str, system: str, conversations: list[dict[str, Any]], tokeni
             turns = conv["turns"]
             begin = start_turn(index, concurrency, len(turns)) if first else 0
             first = False
-            rename = renamer.replay(ci)  # this replay's own names (canaries: none)
+            named = renamer.replay(ci)  # this replay's text, with names of its own (a canary's: the dataset's)
             history = History(orjson.dumps)
             history.add(system_message(system, marker, pass_))
-            for earlier in turns[:begin]:
-                history.extend(renaming.message(rename, m) for m in earlier["messages"])
-                history.add({"role": "assistant", "content": rename(earlier["reply"])})
+            for k in range(begin):
+                history.extend(named.messages(k))
+                history.add({"role": "assistant", "content": named.reply(k)})
             for k in range(begin, len(turns)):
                 spec = turns[k]
-                history.extend(renaming.message(rename, m) for m in spec["messages"])
+                history.extend(named.messages(k))
                 turn = _Turn(index, conv["id"], pass_, k, bool(spec.get("canary", conv.get("canary"))),
                              int(spec["max_tokens"]))
                 # Let the other lanes' chunks that arrived meanwhile be read (and timestamped) first: the

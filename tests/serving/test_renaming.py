@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def sample():
     doc = trace.read(ROOT / "datasets" / "serving" / "public-sample.json.gz")
     tok = pinned.load()
-    return doc, tok, renaming.Renamer(doc["conversations"], tok, rng=random.Random(5))
+    return doc, tok, renaming.Renamer(renaming.Names(doc["conversations"], tok), rng=random.Random(5))
 
 
 def _texts(conv):
@@ -29,15 +29,25 @@ def _texts(conv):
         yield turn["reply"]
 
 
-def _mapping(conv, rename):
+def _pairs(conv, replay):
+    """Every text of a conversation beside the same text in one replay."""
+    for k, turn in enumerate(conv["turns"]):
+        for m, renamed in zip(turn["messages"], replay.messages(k), strict=True):
+            assert {**m, "content": None} == {**renamed, "content": None}  # only the text changes
+            yield m["content"], renamed["content"]
+        yield turn["reply"], replay.reply(k)
+
+
+def _mapping(conv, replay):
     """The names a replay renamed, read back from its output: name -> its new name."""
     seen = {}
-    for text in _texts(conv):
+    for text, renamed in _pairs(conv, replay):
         before = [m.group(0) for m in renaming.IDENTIFIER.finditer(text)]
-        after = [m.group(0) for m in renaming.IDENTIFIER.finditer(rename(text))]
+        after = [m.group(0) for m in renaming.IDENTIFIER.finditer(renamed)]
         assert len(before) == len(after)  # one name for one name: the text's shape is kept
         for a, b in zip(before, after):
             assert seen.setdefault(a, b) == b, f"{a} renamed two ways in one replay: {seen[a]} and {b}"
+        assert renaming.IDENTIFIER.sub("#", text) == renaming.IDENTIFIER.sub("#", renamed)  # nothing else moved
     return {a: b for a, b in seen.items() if a != b}
 
 
@@ -61,43 +71,41 @@ def test_every_replay_of_a_conversation_differs_from_the_others_from_its_first_m
     doc, _, renamer = sample
     for ci, conv in enumerate(doc["conversations"]):
         first = conv["turns"][0]["messages"][0]["content"]
-        seen = {renamer.replay(ci)(first) for _ in range(5)}
+        seen = {renamer.replay(ci).messages(0)[0]["content"] for _ in range(2 * renaming.PREPARED)}
         if conv["canary"]:
             assert seen == {first}  # a canary's prompts are the same for every server
         else:
-            assert len(seen) == 5 and first not in seen
+            assert len(seen) == 2 * renaming.PREPARED and first not in seen
 
 
 def test_the_workload_keeps_its_lengths(sample):
     doc, tok, renamer = sample
     before = after = 0
     for ci, conv in enumerate(doc["conversations"]):
-        rename = renamer.replay(ci)
-        for text in _texts(conv):
-            n, m = len(tok.encode(text).ids), len(tok.encode(rename(text)).ids)
+        for text, renamed in _pairs(conv, renamer.replay(ci)):
+            n, m = len(tok.encode(text).ids), len(tok.encode(renamed).ids)
             before, after = before + n, after + m
             assert abs(m - n) <= max(3, 0.08 * n), (n, m)
     assert abs(after / before - 1) < 0.005, after / before
 
 
-def test_english_and_python_s_own_names_stay():
-    text = "The function __init__ of self calls os.path.join and parse_it with MaxValue; see README.md."
-    renamer = renaming.Renamer([{"canary": False, "turns": [{"messages": [{"content": text}], "reply": ""}]},
-                                {"canary": False, "turns": [{"messages": [{"content": "get_all SomeThing"}],
-                                                             "reply": ""}]}],
-                               pinned.load(), rng=random.Random(1))
+def test_english_braces_and_python_s_own_names_stay():
+    text = "The function __init__ of self calls os.path.join and parse_it({x}) with MaxValue; see README.md."
+    convs = [{"canary": False, "turns": [{"messages": [{"role": "user", "content": text}], "reply": "parse_it"}]},
+             {"canary": False, "turns": [{"messages": [{"role": "user", "content": "get_all SomeThing"}],
+                                          "reply": ""}]}]
+    renamer = renaming.Renamer(renaming.Names(convs, pinned.load()), rng=random.Random(1))
     assert renaming.identifiers(text) == {"parse_it", "MaxValue"}
-    renamed = text
-    for _ in range(20):
-        renamed = renamer.replay(0)(text)
-        if renamed != text:
-            break
-    assert re.sub(r"\b(parse_it|MaxValue|get_all|SomeThing)\b", "X", renamed) == \
-        re.sub(r"\b(parse_it|MaxValue)\b", "X", text)
+    outputs = {renamer.replay(0).messages(0)[0]["content"] for _ in range(30)}
+    assert len(outputs) > 1  # something was renamed
+    for renamed in outputs:
+        assert re.sub(r"\b(parse_it|MaxValue|get_all|SomeThing)\b", "X", renamed) == \
+            re.sub(r"\b(parse_it|MaxValue)\b", "X", text)
 
 
 def test_the_replay_records_what_it_renamed(sample):
     doc, _, renamer = sample
+    renamer.replay(1)
     facts = renamer.facts()
     assert facts["share"] == renaming.SHARE and facts["pool"] > 1000 and facts["replays"] > 0
-    assert renaming.message(renamer.replay(1), {"role": "tool", "content": None}) == {"role": "tool", "content": None}
+    assert facts["identifiers"] > 50 * facts["replays"] / 2

@@ -429,7 +429,7 @@ def test_one_bad_chunk_in_fifty_requests_fails_that_turn_and_invalidates_the_lev
     doc = run(server, tok, conversations(n=8, turns=10, max_tokens=4), c=4, window=1.0)
     ended = _ended(doc)
     bad = [r for r in ended if r["status"] == "stream_error"]
-    assert len(ended) >= 100 and bad and all(r["status"] in ("ok", "stream_error") for r in ended)
+    assert len(ended) >= 60 and bad and all(r["status"] in ("ok", "stream_error") for r in ended)
     assert 0 <= len(server.log()["requests"]) // 50 - len(bad) <= 1
     lv = metrics.level(doc, gpus=1)
     reason = lv["invalid_reasons"][0]
