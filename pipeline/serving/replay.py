@@ -24,7 +24,9 @@ How a level is replayed (serving-track.md, "The replay"):
   nothing cannot help, while within the run the shared prefix is shared as in production. A conversation
   replayed again in a later pass of the queue gets the marker with the pass number (`<marker>/<pass>`), so
   it is not served from its own earlier pass either. Where the engine has one, the cache is flushed
-  before the run (SGLang's POST /flush_cache, retried while it answers that requests are pending).
+  before the run (SGLang's POST /flush_cache, retried while it answers that requests are pending). The
+  readiness check and each flush attempt must be answered within CONTROL_TIMEOUT_S, else the run stops with
+  what did not answer (a server that accepts connections and never answers does not hold the replay).
 - Every replay of a live conversation (each run, pass and conversation) renames about half of its code
   identifiers, the same way in all its messages and fixed replies, to others of the dataset with the same
   token count, drawn with the OS's randomness (pipeline/serving/renaming.py): the marker is a line a
@@ -97,6 +99,7 @@ I_c and the unscored figures; the command adds them as `level` (with --gpus) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -128,6 +131,7 @@ AUDIT_SAMPLE = 16  # live turns kept per run for the audit (the module's docstri
 # SGLang refuses a flush while requests are pending (the previous level's may still be draining): retry.
 FLUSH_ATTEMPTS = 20
 FLUSH_RETRY_S = 0.5
+CONTROL_TIMEOUT_S = 60.0  # the readiness check, and each flush attempt, answered within this or the run stops
 
 
 class ReplayError(Exception):
@@ -246,8 +250,9 @@ async def _flush(session, url: str, adapter: engines.Adapter) -> dict[str, Any]:
         return {"flushed": None, "why": f"{adapter.name} keeps no cache the replay can flush"}
     last = ""
     for _ in range(FLUSH_ATTEMPTS):
-        async with session.post(url + adapter.flush_path) as resp:
-            text = (await resp.text())[:300]
+        async with _answered_within(f"POST {adapter.flush_path} (the cache flush)", url), \
+                session.post(url + adapter.flush_path) as resp:
+            text = (await resp.content.read(300)).decode("utf-8", "replace")
             if resp.status == 200:
                 return {"flushed": True, "response": text.strip()}
             last = f"HTTP {resp.status}: {text.strip()}"
@@ -256,11 +261,24 @@ async def _flush(session, url: str, adapter: engines.Adapter) -> dict[str, Any]:
                       "a level must start from an empty cache: check that the server is idle")
 
 
+@contextlib.asynccontextmanager
+async def _answered_within(what: str, url: str):
+    """A control request of the replay (readiness, flush) answered within CONTROL_TIMEOUT_S, or a ReplayError:
+    a server that accepts the connection and never answers must not hold the replay forever."""
+    try:
+        async with asyncio.timeout(CONTROL_TIMEOUT_S):
+            yield
+    except TimeoutError:
+        raise ReplayError(f"the server at {url} did not answer {what} within {CONTROL_TIMEOUT_S:g} s; "
+                          "a server must answer its control routes while idle: read its log") from None
+
+
 async def _ready(session, url: str, adapter: engines.Adapter) -> None:
     import aiohttp
 
     try:
-        async with session.get(url + adapter.health_path) as resp:
+        async with _answered_within(f"GET {adapter.health_path}", url), \
+                session.get(url + adapter.health_path) as resp:
             if resp.status != 200:
                 raise ReplayError(f"the server at {url} is not ready: GET {adapter.health_path} answered "
                                   f"HTTP {resp.status}; wait for it to answer 200 before replaying")

@@ -192,6 +192,23 @@ def test_a_refused_flush_or_an_unready_server_stops_the_run(server, tok, monkeyp
                                concurrency=1, window_s=0.1, warmup_s=0, seed=0))
 
 
+def test_a_server_that_never_answers_its_flush_or_health_stops_the_run_in_bounded_time(server, tok, monkeypatch):
+    monkeypatch.setattr(replay, "CONTROL_TIMEOUT_S", 0.3)
+    server.script(flush_hang_s=30)
+    with pytest.raises(replay.ReplayError, match=r"did not answer POST /flush_cache \(the cache flush\) within 0.3 s"):
+        run(server, tok, conversations(), c=1)
+    assert server.log()["requests"] == []
+    import socket
+
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(replay.ReplayError, match="did not answer GET /health within 0.3 s"):
+            asyncio.run(replay.run(url, SYSTEM, conversations(), tok, engine="sglang", concurrency=1, window_s=0.1,
+                                   warmup_s=0, seed=0))
+
+
 def test_tokens_count_inside_the_window_and_open_work_is_cancelled(server, tok):
     # one turn far longer than the run, 2 ms a token: it is still open when the window closes
     server.script(token_s=0.002)
