@@ -382,14 +382,12 @@ def read_output(arena: Arena, claim: Any) -> torch.Tensor | str:
         return f"output dtype {claim.get('dtype')!r} is not allowed"
     if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < (1 << 40) for d in shape):
         return f"output shape {shape!r} is malformed"
-    extent = 1  # the product of the non-zero sizes: torch refuses a shape whose strides overflow, zeros or not
+    numel = extent = 1  # extent: the non-zero sizes' product (torch refuses strides that overflow, zeros or not)
     for d in shape:
+        numel *= d
         extent *= max(d, 1)
     if extent >= 1 << 62:
         return f"output shape {shape} ({name}) is larger than any tensor"
-    numel = 1
-    for d in shape:
-        numel *= d
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes > arena.nbytes:
         # Not copied: the shape and dtype alone say what is wrong with it (a tensor without storage).

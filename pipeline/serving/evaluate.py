@@ -308,9 +308,6 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         tokenizer, tok_facts = launch.counting_tokenizer(template, model)
     except replay.ReplayError as exc:
         raise UsageError(f"the tokenizer output is counted with: {exc}") from None
-    from pipeline.serving import renaming
-
-    names = renaming.Names(conversations, tokenizer)  # once: every run's replays are renamed from it (replay.py)
     from pipeline.serving import gsm8k
 
     if plan.gsm8k_questions > gsm8k.TEST_QUESTIONS:
@@ -384,6 +381,9 @@ def evaluate(inputs: Inputs, progress: Callable[[str], None] | None = None) -> d
         return failure("rejected", "the patch gate refused the patch, so it was never launched:\n" + "\n".join(lines[:50]),
                        verdict_dict, where=where)
 
+    from pipeline.serving import renaming
+
+    names = renaming.Names(conversations, tokenizer)  # once, past the gate: every run's replays are renamed from it
     work = Path(tempfile.mkdtemp(prefix="muse-serving-"))
     os.chmod(work, 0o755)
     runs: dict[int, list[dict[int, dict[str, Any]]]] = {}

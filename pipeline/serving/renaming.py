@@ -71,18 +71,18 @@ class Replay:
     of a template made before the clock started (tens of microseconds for the longest message)."""
 
     def __init__(self, conv: "_Templates | None", original: dict[str, Any], names: list[str]) -> None:
-        self._conv, self._original, self._names = conv, original, names
+        self._conv, self._original, self.names = conv, original, names
 
     def messages(self, k: int) -> list[dict[str, Any]]:
         if self._conv is None:
             return self._original["turns"][k]["messages"]
-        return [{**m, "content": t.format(*self._names)} if t is not None else m
+        return [{**m, "content": t.format(*self.names)} if t is not None else m
                 for m, t in zip(self._original["turns"][k]["messages"], self._conv.messages[k])]
 
     def reply(self, k: int) -> str:
         if self._conv is None:
             return self._original["turns"][k]["reply"]
-        return self._conv.replies[k].format(*self._names)
+        return self._conv.replies[k].format(*self.names)
 
 
 class _Templates:
@@ -91,7 +91,8 @@ class _Templates:
     def __init__(self, conv: dict[str, Any]) -> None:
         texts = [str(m.get("content") or "") for t in conv["turns"] for m in t["messages"]]
         texts += [str(t.get("reply") or "") for t in conv["turns"]]
-        self.names = sorted(set().union(*(identifiers(t) for t in texts)))
+        self.own = set().union(*(identifiers(t) for t in texts))
+        self.names = sorted(self.own)
         slot = {n: "{%d}" % i for i, n in enumerate(self.names)}
 
         def template(text: str) -> str:
@@ -125,22 +126,20 @@ class Renamer:
         # Each replay draws from a generator seeded with 256 bits from the OS (fast, and what one replay
         # shows a server says nothing about another's); `rng` fixes the draws for a test.
         self._rng = rng
-        self._conversations = names.conversations
-        self._templates = names.templates
-        self._peers = names.peers
-        self.size_of = names.size_of
+        self.names = names
         # the first PREPARED replays of each conversation, drawn now rather than in the window
-        self._ready = [[self._draw(t) for _ in range(PREPARED)] if t is not None else [] for t in self._templates]
+        self._ready = [[self._draw(t) for _ in range(PREPARED)] if t is not None else [] for t in names.templates]
         self.replays = 0  # replays renamed so far in this run
         self.renamed = 0  # identifiers renamed over them
 
     def facts(self) -> dict[str, Any]:
-        return {"share": SHARE, "pool": len(self.size_of), "replays": self.replays, "identifiers": self.renamed}
+        return {"share": SHARE, "pool": len(self.names.size_of), "replays": self.replays,
+                "identifiers": self.renamed}
 
     def replay(self, conversation: int) -> Replay:
         """A new replay of conversation `conversation` (its index), with names of its own: one of those drawn
         before the clock started while they last, else drawn now (about a millisecond)."""
-        conv, templates = self._conversations[conversation], self._templates[conversation]
+        conv, templates = self.names.conversations[conversation], self.names.templates[conversation]
         if templates is None:
             return Replay(None, conv, [])
         ready = self._ready[conversation]
@@ -151,11 +150,10 @@ class Renamer:
 
     def _draw(self, templates: _Templates) -> tuple[list[str], int]:
         rng = self._rng or random.Random(secrets.token_bytes(32))
-        own = set(templates.names)
-        taken: set[str] = set()
+        own, taken = templates.own, set()
         names = list(templates.names)
         renamed = 0
-        peers_of, draw = self._peers, rng.random
+        peers_of, draw = self.names.peers, rng.random
         for i, name in enumerate(templates.names):
             if draw() >= SHARE:
                 continue

@@ -62,7 +62,7 @@ def test_a_replay_renames_half_its_code_names_the_same_way_everywhere(sample):
         assert len(set(mapping.values())) == len(mapping)  # two names never become one
         assert not set(mapping.values()) & own  # nor a name the conversation already has
         for old, new in mapping.items():
-            assert renaming._kind(old, renamer.size_of[old]) == renaming._kind(new, renamer.size_of[new])
+            assert renaming._kind(old, renamer.names.size_of[old]) == renaming._kind(new, renamer.names.size_of[new])
             assert not (old.startswith("__") and old.endswith("__"))
     assert 0.4 < sum(shares) / len(shares) < 0.6
 
