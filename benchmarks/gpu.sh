@@ -20,7 +20,8 @@
 #   bash benchmarks/gpu.sh faults                    the fault matrix's GPU rows, the health check before and after
 #   bash benchmarks/gpu.sh method                    the timing method's own experiments, to rerun on a new card:
 #                                                    noise sources, L2 flush methods, the launch guard, the BLAS
-#                                                    workspace, the transport's copy rate, the sandbox with CUDA
+#                                                    workspace, the transport's copy rate, the sandbox with CUDA,
+#                                                    programmatic dependent launch against the fence
 #
 # Wheels for what the device image lacks come from .whl/ (`bash benchmarks/device_wheels.sh`; carry it with
 # `carry: [".whl"]`). The device returns at most 8 files: with PACK set (the device's $OUT), logs go under
@@ -137,7 +138,8 @@ case $suite in
     step flush 120 python3 benchmarks/flush_methods.py --json "$OUT/flush.json"
     for i in 1 2 3; do step guard$i 40 python3 benchmarks/launch_guard.py --json "$OUT/guard$i.json"; done
     step guard-compare 30 python3 benchmarks/launch_guard.py --compare "$OUT"/guard?.json
-    step workspace 60 python3 benchmarks/blas_workspace.py --json "$OUT/workspace.json" ;;
+    step workspace 60 python3 benchmarks/blas_workspace.py --json "$OUT/workspace.json"
+    step pdl-fence 240 python3 benchmarks/pdl_fence.py --json "$OUT/pdl-fence.json" ;;
   *) echo "unknown suite $suite: tests fidelity solutions baselines profile serving toolchains faults method" >&2
      exit 2 ;;
 esac

@@ -21,6 +21,7 @@ MODEL_SIZES = ("full", "smoke")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*\Z")
 _ENTRY_KEYS_RESERVED = {"name", "smoke", "note"}
 _TOLERANCE_KEYS = {"atol", "rtol", "rel_l2", "min_match", "max_abs"}
+MAX_PRODUCED = 4  # the late-writing kernel's slots (kernel/predecessor.py)
 
 
 class ProblemError(ValueError):
@@ -66,6 +67,9 @@ class Problem:
     model: dict[str, dict[str, Any]]
     official_seeds: int = 8
     run_to_run: float = 0.0
+    # The inputs that, in the model, the kernel before this one writes (its activations, never its weights):
+    # a checked call meets them written late (kernel/predecessor.py).
+    produced: tuple[str, ...] = ()
     _reference: ModuleType | None = field(default=None, repr=False)
 
     def shapes(self, model: str = "full", kinds: tuple[str, ...] = ("workload", "test")) -> list[Shape]:
@@ -224,6 +228,19 @@ def _run_to_run(path: Path, data: dict[str, Any]) -> float:
     return float(value)
 
 
+def _produced(path: Path, data: dict[str, Any], inplace: tuple[str, ...]) -> tuple[str, ...]:
+    value = data.get("produced", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value) or len(set(value)) != len(value):
+        raise ProblemError(f"{path}: produced = {value!r} must be a list of distinct input names, e.g. [\"x\"]")
+    if len(value) > MAX_PRODUCED:
+        raise ProblemError(f"{path}: produced names {len(value)} inputs; at most {MAX_PRODUCED} (the activations the "
+                           "kernel before this one writes)")
+    both = sorted(set(value) & set(inplace))
+    if both:
+        raise ProblemError(f"{path}: {', '.join(both)} cannot be both produced and written in place")
+    return tuple(value)
+
+
 def load_problem(name: str, root: Path = REPO_ROOT) -> Problem:
     if not _NAME_RE.match(name or ""):
         raise ProblemError(f"{name!r} is not a problem name (lowercase letters, digits, underscores)")
@@ -264,6 +281,7 @@ def load_problem(name: str, root: Path = REPO_ROOT) -> Problem:
         model=load_model(root),
         official_seeds=int(data.get("official_seeds", 8)),
         run_to_run=_run_to_run(path, data),
+        produced=_produced(path, data, inplace),
     )
     if not problem.reference_path.is_file():
         raise ProblemError(f"problem {name!r} has no reference at {problem.reference_path}")

@@ -42,8 +42,9 @@ def test_template_passes_the_evaluator(name):
     assert len(doc["correctness"]) == len(problem.shapes(MODEL))
 
 
-def _copy_problem(root, name, run_to_run_line):
-    """A repository root holding one problem whose problem.toml says `run_to_run_line` (or nothing)."""
+def _copy_problem(root, name, run_to_run_line, key="run_to_run"):
+    """A repository root holding one problem whose problem.toml says `run_to_run_line` (or nothing) in place of
+    its own `key` line."""
     import shutil
 
     src = load_problem(name)
@@ -52,7 +53,7 @@ def _copy_problem(root, name, run_to_run_line):
     (root / "reference").mkdir()
     shutil.copy(src.reference_path, root / "reference" / src.reference_path.name)
     text = "\n".join(line for line in (src.directory / "problem.toml").read_text().splitlines()
-                      if not line.startswith("run_to_run"))
+                      if not line.startswith(key))
     text = text.replace("official_seeds = 8", f"official_seeds = 8\n{run_to_run_line}")
     (root / "problems" / name / "problem.toml").write_text(text)
     return root
@@ -69,6 +70,26 @@ def test_run_to_run_is_read_with_a_default_and_a_bad_value_is_refused(tmp_path):
         root = _copy_problem(tmp_path / f"bad{i}", "muse_bf16_proj", f"run_to_run = {bad}")
         with pytest.raises(ProblemError, match=r"problem.toml: run_to_run = .* is not a fraction .*repeatability"):
             load_problem("muse_bf16_proj", root)
+
+
+def test_the_produced_inputs_are_inputs_each_problem_makes_and_a_bad_list_is_refused(tmp_path):
+    for name in PROBLEMS:
+        problem = load_problem(name)
+        inputs = problem.reference.make_inputs(problem.shapes("smoke")[0], 1, "cpu")
+        assert problem.produced, name  # every problem reads activations some kernel before it writes
+        for key in problem.produced:
+            assert isinstance(inputs.get(key), torch.Tensor), (name, key)
+    root = _copy_problem(tmp_path / "none", "muse_bf16_proj", "", key="produced")
+    assert load_problem("muse_bf16_proj", root).produced == ()
+    bad = {'produced = "x"': "must be a list", 'produced = ["x", "x"]': "distinct",
+           'produced = ["a", "b", "c", "d", "e"]': "at most 4"}
+    for i, (line, message) in enumerate(bad.items()):
+        root = _copy_problem(tmp_path / f"bad{i}", "muse_bf16_proj", line, key="produced")
+        with pytest.raises(ProblemError, match=message):
+            load_problem("muse_bf16_proj", root)
+    root = _copy_problem(tmp_path / "both", "muse_decode_layer", 'produced = ["x", "k_cache"]', key="produced")
+    with pytest.raises(ProblemError, match="k_cache cannot be both produced and written in place"):
+        load_problem("muse_decode_layer", root)
 
 
 CASES = [(name, path) for name in PROBLEMS for path in variants(name)]

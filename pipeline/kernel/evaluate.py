@@ -595,7 +595,8 @@ def _check_shape(child, problem, shape, n_seeds, opts, device, first, fail) -> d
         arenas = [*shared.arenas.values(), out]
         timeout = opts.limits.first_call if (first and i == 0) else opts.limits.call
         pending = child.send(
-            {"op": "call", "inputs": shared.spec(), "output": out.id, "poison_bytes": out.nbytes}, timeout, arenas)
+            {"op": "call", "inputs": shared.spec(), "output": out.id, "poison_bytes": out.nbytes,
+             "produced": list(problem.produced)}, timeout, arenas)
         # The next seed is made and shared while the worker works on this one (a layer's input set is
         # gigabytes), except during a shape's first call: that is where a submission compiles and
         # autotunes, and it must have the device to itself.

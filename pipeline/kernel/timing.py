@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 
+from pipeline.kernel import predecessor
+
 TARGET_REPLAY_S = 1e-3
 MAX_CALLS_PER_GRAPH = 256
 MIN_SAMPLES = 50
@@ -124,6 +126,7 @@ class Graph:
     graph: Any  # torch.cuda.CUDAGraph, or EagerGraph on a CPU
     calls: int
     outputs: dict[int, Any] = field(default_factory=dict)  # set index -> output of its last call (k = R: its only one)
+    fences: list = field(default_factory=list)  # what the graph's fences record (predecessor.fence), kept with it
 
 
 class EagerGraph:
@@ -149,13 +152,17 @@ def capture(fn: Callable[[dict], Any], sets: list[dict], calls: int, stream: Any
         # Like a capture, this runs nothing yet (a cross-check's prologue rewrites the inputs).
         return Graph(EagerGraph(fn, sets, calls, prologue, outputs), calls, outputs)
     g = torch.cuda.CUDAGraph()
+    fences: list = []
     with torch.cuda.graph(g, stream=stream):
         for j in range(calls):
             r = j % len(sets)
             if prologue is not None:
                 prologue(sets[r])
             outputs[r] = fn(sets[r])
-    return Graph(g, calls, outputs)
+            # No call may start before the one ahead of it has ended (predecessor.py): as in a decode step,
+            # where its inputs would not exist yet.
+            predecessor.fence(fences)
+    return Graph(g, calls, outputs, fences)
 
 
 def replays_us(graphs: list[Graph]) -> list[float]:
