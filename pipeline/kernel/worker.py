@@ -158,6 +158,7 @@ class Worker:
             # The late-writing kernel is built before the target is loaded: a harness kernel that fails to
             # build is the runner's failure, never the submission's.
             predecessor.LateWrite({"x": torch.zeros(8, device=self.device)}, ["x"]).launch(delay_ns=0)
+            torch.cuda.Event(external=True)  # the fence's event (torch >= 2.8), or a TypeError here
             self.sync()
         self.buffers = Mappings(self.device)
         self.fn = None
