@@ -19,8 +19,9 @@ def _spin_then_copy(src, dst, n, spin_ns, PDL: tl.constexpr, WAIT: tl.constexpr,
     mask = offs < n
     v = tl.load(src + offs, mask=mask)  # the call's input, read first
     start = tl.extra.cuda.globaltimer()
-    while tl.extra.cuda.globaltimer() - start < spin_ns:
-        pass
+    spun = start - start
+    while spun < spin_ns:
+        spun = tl.extra.cuda.globaltimer() - start
     tl.store(dst + offs, v, mask=mask)
 
 

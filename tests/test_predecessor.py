@@ -82,3 +82,37 @@ def test_a_first_kernel_that_reads_before_it_waits_reads_other_content():
             assert torch.equal(x, real), (mode, trial)  # the real content is there once the call has ended
             wrong += not torch.equal(out, real)
         assert wrong == (10 if mode == "never_waits" else 0), (mode, wrong)
+
+
+COMPILE = """
+import sys
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from pipeline.kernel import predecessor
+
+kernel = predecessor._kernel()
+names = kernel.arg_names
+signature = {n: "constexpr" if n == "BLOCK" else "i32" if n == "delay_ns" or n.startswith("n") else "*i32" for n in names}
+source = ASTSource(fn=kernel, signature=signature, constexprs={(names.index("BLOCK"),): predecessor._BLOCK})
+sys.stdout.write(compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"])
+"""
+
+
+def test_the_late_writing_kernel_compiles_for_hopper_without_a_gpu():
+    """Every evaluation on a Hopper GPU builds this kernel when its workers start (a build failure there would
+    fail every evaluation): compiled here for sm_90 with the ptxas Triton bundles, it releases its dependents
+    (griddepcontrol.launch_dependents) and reads the global timer. In a process of its own: the suite's
+    interpreter (TRITON_INTERPRET) makes no compilable kernels."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE], cwd=Path(__file__).resolve().parent.parent, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("griddepcontrol.launch_dependents") == 1
+    assert "%globaltimer" in done.stdout

@@ -69,8 +69,9 @@ def _kernel():
             # Dependents may start now; the real inputs are written only once delay_ns have passed.
             tl.extra.cuda.gdc_launch_dependents()
             start = tl.extra.cuda.globaltimer()
-            while tl.extra.cuda.globaltimer() - start < delay_ns:
-                pass
+            waited = start - start
+            while waited < delay_ns:
+                waited = tl.extra.cuda.globaltimer() - start
             pid, programs = tl.program_id(0), tl.num_programs(0)
             _copy(s0, d0, n0, pid, programs, BLOCK)
             _copy(s1, d1, n1, pid, programs, BLOCK)
@@ -81,11 +82,13 @@ def _kernel():
     return _KERNEL[0]
 
 
-def _words(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's bytes as 32-bit words where its size allows (a copy of words is 4x fewer
-    steps), else as bytes."""
-    flat = t.reshape(-1).view(torch.uint8)
-    return flat.view(torch.int32) if flat.numel() % 4 == 0 and t.data_ptr() % 4 == 0 else flat
+def _same_words(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two contiguous tensors of one size as 32-bit words where their size and addresses allow (a copy of
+    words is 4x fewer steps), else both as bytes."""
+    a8, b8 = a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+    if a8.numel() % 4 == 0 and a.data_ptr() % 4 == 0 and b.data_ptr() % 4 == 0:
+        return a8.view(torch.int32), b8.view(torch.int32)
+    return a8, b8
 
 
 class LateWrite:
@@ -101,7 +104,7 @@ class LateWrite:
                 continue
             real = t.clone()
             t.copy_(torch.roll(real, 1))
-            self.pairs.append((_words(real), _words(t)))
+            self.pairs.append(_same_words(real, t))
         if len(self.pairs) > SLOTS:
             raise ValueError(f"at most {SLOTS} produced inputs, got {len(self.pairs)}")
 
