@@ -11,7 +11,8 @@ by the CPU test suite (the timings themselves are unofficial there).
 - One CUDA graph that calls the function k times, each call on an input set of its own (k = R, so
   every call of a timed graph leaves an output that the parent reads and checks); k makes one replay
   last about 1 ms (at most 256 calls, at least the R above, within a memory cap). One sample = one
-  replay between two events, divided by k.
+  replay between two events, divided by k. Where a launch may overlap the one ahead of it (Hopper), an event
+  record node follows each call, so no call starts before the one ahead of it ends (predecessor.py).
 - 1.5 s of discarded replays first, then baseline and submission sampled in alternating blocks until
   the 95% interval of each median is within +-0.5% and at least 2 s have passed (at least 50
   samples each, at most 10 s).
