@@ -722,3 +722,46 @@ def test_the_gpus_node_comes_from_cuda_visible_devices_through_nvml_or_every_nod
     got, reason = visible_gpu_minors(env, nvml)
     assert got == minors and why in reason, (got, reason)
     assert nvml.closed or not env.get("CUDA_VISIBLE_DEVICES", "").startswith("GPU-")
+
+
+# ---- the GPU's settings are the host's ----
+
+_GPU_SETTINGS = """
+    import ctypes, json
+    nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    out = {"init": nvml.nvmlInit_v2()}
+    if out["init"] == 0:
+        h = ctypes.c_void_p()
+        nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h))
+        a, b = ctypes.c_uint(), ctypes.c_uint()
+        # Each setting set to the value it has: a success changes nothing, and says the process could change it.
+        if nvml.nvmlDeviceGetComputeMode(h, ctypes.byref(a)) == 0:
+            out["compute_mode"] = nvml.nvmlDeviceSetComputeMode(h, a.value)
+        if nvml.nvmlDeviceGetPersistenceMode(h, ctypes.byref(a)) == 0:
+            out["persistence_mode"] = nvml.nvmlDeviceSetPersistenceMode(h, a.value)
+        if nvml.nvmlDeviceGetApplicationsClock(h, 2, ctypes.byref(a)) == 0 and \\
+                nvml.nvmlDeviceGetApplicationsClock(h, 0, ctypes.byref(b)) == 0:
+            out["application_clocks"] = nvml.nvmlDeviceSetApplicationsClocks(h, a.value, b.value)
+    print(json.dumps(out))
+"""
+NVML_SUCCESS = 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("isolate", [True, False], ids=["isolated", "plain"])
+def test_a_sandbox_cannot_change_the_gpus_settings_for_the_next_evaluation(isolate):
+    """Compute mode, persistence and application clocks are the device's, kept from one process to
+    the next: a submission that could set them could slow the next evaluation's baseline. Through NVML from
+    inside a CUDA sandbox (its own uid, no capabilities) every setter is refused; from a plain process of
+    root's the same calls succeed (each sets the value already there, so nothing changes): the sandbox is
+    what stops them."""
+    if os.geteuid() != 0:
+        pytest.skip("isolation needs root")
+    code, out, _ = run(_GPU_SETTINGS, policy=Policy(isolate=isolate), device="cuda")
+    assert code == 0, out
+    got = last_json(out)
+    tried = {k: v for k, v in got.items() if k != "init"}
+    if isolate:
+        assert NVML_SUCCESS not in tried.values(), got
+    else:
+        assert got["init"] == NVML_SUCCESS and tried.get("compute_mode") == NVML_SUCCESS, got
