@@ -153,18 +153,20 @@ class Worker:
             torch.cuda.init()
             torch.empty(1, device=self.device)
             persisting_l2_reset()
-        self.overlaps = predecessor.overlaps_possible(self.device)
-        if self.overlaps:
-            # The late-writing kernel is built before the target is loaded: a harness kernel that fails to
-            # build is the runner's failure, never the submission's.
-            predecessor.LateWrite({"x": torch.zeros(8, device=self.device)}, ["x"]).launch(delay_ns=0)
-            torch.cuda.Event(external=True)  # the fence's event (torch >= 2.8), or a TypeError here
-            self.sync()
         self.buffers = Mappings(self.device)
         self.fn = None
         self.path = ""
         self.benches: dict[str, Bench] = {}
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.overlaps = predecessor.overlaps_possible(self.device)
+        if self.overlaps:
+            # The late-writing kernel is built and run, and a fenced graph captured, before the target is
+            # loaded: a harness part that fails here is the runner's failure, never the submission's.
+            predecessor.LateWrite({"x": torch.zeros(8, device=self.device)}, ["x"]).launch(delay_ns=0)
+            probe = torch.zeros(1, device=self.device)
+            timing.replays_us([timing.capture(lambda s: s["x"].add_(1), [{"x": probe}], 2, self.stream)])
+            if probe.item() != 2:
+                raise RuntimeError(f"a fenced graph of two calls left {probe.item()}, not 2")
 
     def sync(self) -> None:
         if self.device.type == "cuda":
