@@ -7,7 +7,7 @@ call, with the dependent kernel waiting (`gdc_wait`, `griddepcontrol.wait`) befo
 predecessor writes, that only hides a launch's gap, as production kernels do. A call whose *first* kernel
 starts early and never waits reads its inputs before the kernel that makes them (in a decode step, the
 previous layer's) has written them: in the timed graph its calls are independent (each on an input set of
-its own), so it would overlap the call before it, and nothing would check it (SECURITY.md, R30).
+its own), so it would overlap the call before it, and nothing would check it (SECURITY.md, R25).
 
 - `fence`: in every captured graph, after each call, a node that is not a kernel (an event record). Only
   kernel nodes have a programmatic port (cudaGraphEdgeData), so the next call's first kernel depends on the
@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
+from pipeline.problems import MAX_PRODUCED as SLOTS  # the produced inputs a problem may name, one slot each
+
 DELAY_NS = 1_000_000  # 1 ms: longer than any workload's first kernel takes to read its activations
-SLOTS = 4  # produced inputs a problem may name (problems.py checks it)
 _GRID = 32
 _BLOCK = 4096
 
