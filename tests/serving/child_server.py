@@ -2,21 +2,20 @@
 
 The script prints `PORT <n>` once it listens on 127.0.0.1 (port 0 picks a free one); start() reads that
 line, _call() posts or gets JSON on the server's control routes, stop() kills it and waits, so nothing is
-left running; used as a context manager. Once it listens, two threads read its stdout and stderr to
-their ends and keep the last 64 KiB of each (`tail()`): a server that writes more than a pipe holds (an
-exception logged for every request) would otherwise block on its next write, and the test waiting on it
-would hang until CI's limit.
+left running; used as a context manager. Once it listens, two threads (the sandbox's OutputTail) read its
+stdout and stderr to their ends and keep the last 64 KiB of each (`tail()`): a server that writes more than a
+pipe holds (an exception logged for every request) would otherwise block on its next write, and the test
+waiting on it would hang until CI's limit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-import threading
-from collections import deque
 
-TAIL_CHARS = 64 * 1024
+TAIL_BYTES = 64 * 1024
 
 
 class ChildServer:
@@ -41,25 +40,16 @@ class ChildServer:
             self.stop()
             raise RuntimeError(f"the {self.name} did not start: {line!r} {err[-2000:]}")
         self.port = int(line.split()[1])
-        self._tails = {name: deque() for name in ("stdout", "stderr")}
-        self._readers = [threading.Thread(target=self._drain, args=(getattr(self.proc, name), self._tails[name]),
-                                          daemon=True) for name in ("stdout", "stderr")]
-        for reader in self._readers:
-            reader.start()
-        return self
+        # The harness's own drain (in the test's process only: a server script imports this module in a sandbox,
+        # where the pipeline package is not), each on a descriptor of its own, which it closes at the end.
+        from pipeline.sandbox import OutputTail
 
-    @staticmethod
-    def _drain(stream, tail: deque) -> None:
-        kept = 0
-        for chunk in iter(lambda: stream.read(4096), ""):
-            tail.append(chunk)
-            kept += len(chunk)
-            while kept > TAIL_CHARS and len(tail) > 1:
-                kept -= len(tail.popleft())
+        self._tails = [OutputTail(os.dup(s.fileno()), keep=TAIL_BYTES) for s in (self.proc.stdout, self.proc.stderr)]
+        return self
 
     def tail(self) -> str:
         """The last of what the server wrote, stdout then stderr."""
-        return "".join(self._tails["stdout"]) + "".join(self._tails["stderr"])
+        return "".join(t.text(TAIL_BYTES) for t in getattr(self, "_tails", ()))
 
     def _call(self, path: str, payload: dict | None = None) -> dict:
         import urllib.request
@@ -75,8 +65,6 @@ class ChildServer:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
-        for reader in getattr(self, "_readers", ()):
-            reader.join(timeout=5)
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream:
                 stream.close()
