@@ -30,3 +30,22 @@ def launch(src: torch.Tensor, dst: torch.Tensor, mode: str, spin_ns: int = 0, bl
     pdl = mode != "plain"
     _spin_then_copy[(triton.cdiv(src.numel(), block),)](src, dst, src.numel(), spin_ns, PDL=pdl,
                                                         WAIT=mode == "waits", BLOCK=block, launch_pdl=pdl)
+
+
+def wrong_reads(mode: str, trials: int) -> int:
+    """In how many of `trials` checked calls a launch `mode` copy of x read x before the harness's late write
+    (pipeline/kernel/predecessor.py) had written it."""
+    from pipeline.kernel import predecessor
+
+    wrong = 0
+    for _ in range(trials):
+        x = torch.randn(1 << 16, device="cuda")
+        real, out = x.clone(), torch.empty_like(x)
+        late = predecessor.LateWrite({"x": x}, ["x"])
+        torch.cuda.synchronize()
+        late.launch()
+        launch(x, out, mode)
+        torch.cuda.synchronize()
+        assert torch.equal(x, real), mode  # the real content is there once the call has ended
+        wrong += not torch.equal(out, real)
+    return wrong

@@ -98,6 +98,8 @@ class LateWrite:
     element (other values of the same kind: valid indices stay valid, and nothing marks them as stale)."""
 
     def __init__(self, inputs: dict[str, Any], produced: tuple[str, ...] | list[str]):
+        if len(produced) > SLOTS:  # before any input is touched
+            raise ValueError(f"at most {SLOTS} produced inputs, got {len(produced)}")
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         for name in produced:
             t = inputs.get(name)
@@ -106,8 +108,6 @@ class LateWrite:
             real = t.clone()
             t.copy_(torch.roll(real, 1))
             self.pairs.append(_same_words(real, t))
-        if len(self.pairs) > SLOTS:
-            raise ValueError(f"at most {SLOTS} produced inputs, got {len(self.pairs)}")
 
     def launch(self, delay_ns: int = DELAY_NS) -> None:
         if not self.pairs:
