@@ -42,9 +42,9 @@ def test_template_passes_the_evaluator(name):
     assert len(doc["correctness"]) == len(problem.shapes(MODEL))
 
 
-def _copy_problem(root, name, run_to_run_line, key="run_to_run"):
-    """A repository root holding one problem whose problem.toml says `run_to_run_line` (or nothing) in place of
-    its own `key` line."""
+def _copy_problem(root, name, line, key="run_to_run"):
+    """A repository root holding one problem whose problem.toml says `line` (or nothing) in place of its own
+    `key` line."""
     import shutil
 
     src = load_problem(name)
@@ -52,9 +52,9 @@ def _copy_problem(root, name, run_to_run_line, key="run_to_run"):
     shutil.copy(src.directory.parent / "model.toml", root / "problems" / "model.toml")
     (root / "reference").mkdir()
     shutil.copy(src.reference_path, root / "reference" / src.reference_path.name)
-    text = "\n".join(line for line in (src.directory / "problem.toml").read_text().splitlines()
-                      if not line.startswith(key))
-    text = text.replace("official_seeds = 8", f"official_seeds = 8\n{run_to_run_line}")
+    text = "\n".join(kept for kept in (src.directory / "problem.toml").read_text().splitlines()
+                      if not kept.startswith(key))
+    text = text.replace("official_seeds = 8", f"official_seeds = 8\n{line}")
     (root / "problems" / name / "problem.toml").write_text(text)
     return root
 
